@@ -1,0 +1,208 @@
+//! Every SQL statement the runtime sends, with the rows they return.
+//!
+//! Most of the logic is in the schema's functions (`migrations/*/up.sql`), so
+//! that enqueue, pick and completion are one round trip each and their locking
+//! contracts sit next to the tables they lock.
+
+use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Nullable, SmallInt, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use crate::JobId;
+
+/// The arguments of `pgfifo.enqueue`, one array element per job.
+#[derive(Debug, Default)]
+pub(crate) struct EnqueueArrays {
+    pub queue: Vec<String>,
+    pub group: Vec<Option<String>>,
+    pub kind: Vec<String>,
+    pub payload: Vec<serde_json::Value>,
+    pub priority: Vec<i16>,
+    pub max_attempts: Vec<i32>,
+    pub unique_key: Vec<Option<String>>,
+    pub run_at_us: Vec<Option<i64>>,
+    pub delay_us: Vec<Option<i64>>,
+}
+
+#[derive(QueryableByName)]
+struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// Inserts a batch of jobs; returns their ids in input order.
+pub(crate) async fn enqueue(
+    conn: &mut AsyncPgConnection,
+    jobs: EnqueueArrays,
+) -> diesel::QueryResult<Vec<JobId>> {
+    let any_unique = jobs.unique_key.iter().any(Option::is_some);
+    let rows: Vec<IdRow> = diesel::sql_query(
+        "SELECT id FROM pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS id",
+    )
+    .bind::<Array<Text>, _>(jobs.queue)
+    .bind::<Array<Nullable<Text>>, _>(jobs.group)
+    .bind::<Array<Text>, _>(jobs.kind)
+    .bind::<Array<Jsonb>, _>(jobs.payload)
+    .bind::<Array<SmallInt>, _>(jobs.priority)
+    .bind::<Array<Integer>, _>(jobs.max_attempts)
+    .bind::<Nullable<Array<Nullable<Text>>>, _>(any_unique.then_some(jobs.unique_key))
+    .bind::<Array<Nullable<BigInt>>, _>(jobs.run_at_us)
+    .bind::<Array<Nullable<BigInt>>, _>(jobs.delay_us)
+    .load(conn)
+    .await?;
+    Ok(rows.into_iter().map(|row| row.id).collect())
+}
+
+/// A job locked by `pgfifo.pick`, with the backend pid of the connection that
+/// holds it (to cancel a runaway query of a timed-out handler).
+#[derive(Debug, QueryableByName)]
+pub(crate) struct PickedJob {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub group_id: Option<String>,
+    #[diesel(sql_type = Text)]
+    pub kind: String,
+    #[diesel(sql_type = Jsonb)]
+    pub payload: serde_json::Value,
+    #[diesel(sql_type = Integer)]
+    pub max_attempts: i32,
+    #[diesel(sql_type = Integer)]
+    pub backend_pid: i32,
+}
+
+/// Locks and returns the next job of `queues`, in the caller's transaction.
+/// See `pgfifo.pick` for the locking contract.
+pub(crate) async fn pick(
+    conn: &mut AsyncPgConnection,
+    queues: &[String],
+    turn: i32,
+) -> diesel::QueryResult<Option<PickedJob>> {
+    let mut rows: Vec<PickedJob> = diesel::sql_query(
+        "SELECT id, queue, group_id, kind, payload, max_attempts, pg_backend_pid() AS backend_pid \
+         FROM pgfifo.pick($1, $2)",
+    )
+    .bind::<Array<Text>, _>(queues)
+    .bind::<Integer, _>(turn)
+    .load(conn)
+    .await?;
+    Ok(rows.pop())
+}
+
+#[derive(QueryableByName)]
+struct AttemptRow {
+    #[diesel(sql_type = BigInt)]
+    job_id: i64,
+    #[diesel(sql_type = Integer)]
+    attempt: i32,
+}
+
+/// Records the start of an attempt for each job (autocommit, outside the jobs'
+/// transactions). Returns `(job id, attempt number)` for the jobs that still
+/// had attempts left.
+pub(crate) async fn start_attempts(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    max_attempts: &[i32],
+    runner: &str,
+) -> diesel::QueryResult<Vec<(i64, i32)>> {
+    let rows: Vec<AttemptRow> =
+        diesel::sql_query("SELECT job_id, attempt FROM pgfifo.start_attempts($1, $2, $3)")
+            .bind::<Array<BigInt>, _>(ids)
+            .bind::<Array<Integer>, _>(max_attempts)
+            .bind::<Text, _>(runner)
+            .load(conn)
+            .await?;
+    Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
+}
+
+/// Deletes the record of an attempt that was aborted by shutdown before it
+/// could finish, so a graceful stop does not use up the job's attempts.
+pub(crate) async fn forget_attempt(
+    conn: &mut AsyncPgConnection,
+    job_id: i64,
+    attempt: i32,
+) -> diesel::QueryResult<usize> {
+    diesel::sql_query("DELETE FROM pgfifo.job_attempt WHERE job_id = $1 AND attempt = $2")
+        .bind::<BigInt, _>(job_id)
+        .bind::<Integer, _>(attempt)
+        .execute(conn)
+        .await
+}
+
+/// Notes the error of an attempt whose transaction could not record it (its
+/// connection was lost or had to be discarded).
+pub(crate) async fn note_attempt_error(
+    conn: &mut AsyncPgConnection,
+    job_id: i64,
+    attempt: i32,
+    error: &str,
+) -> diesel::QueryResult<usize> {
+    diesel::sql_query(
+        "UPDATE pgfifo.job_attempt SET error = $3, finished_at = clock_timestamp() \
+         WHERE job_id = $1 AND attempt = $2",
+    )
+    .bind::<BigInt, _>(job_id)
+    .bind::<Integer, _>(attempt)
+    .bind::<Text, _>(error)
+    .execute(conn)
+    .await
+}
+
+/// Asks the server to cancel the statement running on backend `pid`.
+pub(crate) async fn cancel_backend(conn: &mut AsyncPgConnection, pid: i32) -> diesel::QueryResult<usize> {
+    diesel::sql_query("SELECT pg_cancel_backend($1)")
+        .bind::<Integer, _>(pid)
+        .execute(conn)
+        .await
+}
+
+/// The outcome of one attempt, as `pgfifo.complete` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Succeeded,
+    Retry,
+    Failed,
+    Cancelled,
+}
+
+impl Outcome {
+    fn as_sql(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Retry => "retry",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Writes an attempt's outcome in the job's transaction (which then commits).
+pub(crate) async fn complete(
+    conn: &mut AsyncPgConnection,
+    job_id: i64,
+    attempt: i32,
+    outcome: Outcome,
+    error: Option<&str>,
+    result: Option<&serde_json::Value>,
+    retry_delay_us: Option<i64>,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6)")
+        .bind::<BigInt, _>(job_id)
+        .bind::<Integer, _>(attempt)
+        .bind::<Text, _>(outcome.as_sql())
+        .bind::<Nullable<Text>, _>(error)
+        .bind::<Nullable<Jsonb>, _>(result)
+        .bind::<Nullable<BigInt>, _>(retry_delay_us)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// Subscribes this connection to the wake-up channel enqueue notifies.
+pub(crate) const LISTEN: &str = "LISTEN pgfifo";
+
+/// The notification channel enqueue writes to (payload: the queue name).
+pub(crate) const CHANNEL: &str = "pgfifo";

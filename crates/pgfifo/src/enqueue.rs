@@ -1,0 +1,271 @@
+//! Enqueueing jobs: one, or a batch in one round trip, on any connection,
+//! including inside the application's own transaction.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel_async::AsyncPgConnection;
+
+use crate::db::sql::{self, EnqueueArrays};
+use crate::registry::Registry;
+use crate::{Error, Job, JobId, Result};
+
+/// The longest queue name, in bytes.
+pub const MAX_QUEUE_LEN: usize = 128;
+/// The longest group name, in bytes.
+pub const MAX_GROUP_LEN: usize = 256;
+
+/// Options of one enqueued job. Start from [`EnqueueOptions::group`] or
+/// [`EnqueueOptions::ungrouped`].
+///
+/// ```
+/// use std::time::Duration;
+/// use pgfifo::EnqueueOptions;
+///
+/// let options = EnqueueOptions::group("tenant-42")
+///     .run_in(Duration::from_secs(60))
+///     .priority(10)
+///     .unique_key("invoice-7")
+///     .max_attempts(3);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct EnqueueOptions {
+    group: Option<String>,
+    queue: Option<String>,
+    priority: Option<i16>,
+    max_attempts: Option<u32>,
+    unique_key: Option<String>,
+    run_at: Option<SystemTime>,
+    delay: Option<Duration>,
+}
+
+impl EnqueueOptions {
+    /// A job of group `group`: it runs after every earlier job of the group
+    /// has finished, never at the same time as another job of the group.
+    pub fn group(group: impl Into<String>) -> Self {
+        Self {
+            group: Some(group.into()),
+            ..Self::default()
+        }
+    }
+
+    /// A job serialized with nothing: it may run at any time, in parallel with
+    /// any other job.
+    pub fn ungrouped() -> Self {
+        Self::default()
+    }
+
+    /// Puts the job in `queue` instead of its type's queue.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Priority of the job when it is its group's head: among ready groups,
+    /// higher priorities start first. It never reorders jobs within a group.
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// How many times the job may start before it is marked failed (at least 1).
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+
+    /// While an unfinished job of the same queue holds this key, enqueueing
+    /// another is a no-op that returns the existing job's id.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// Do not start the job before `at`. A grouped job waiting for its time
+    /// holds its group: later jobs of the group wait behind it (FIFO).
+    pub fn run_at(mut self, at: SystemTime) -> Self {
+        self.run_at = Some(at);
+        self.delay = None;
+        self
+    }
+
+    /// Do not start the job before `delay` has passed (by the database's
+    /// clock). Like [`run_at`](Self::run_at), it holds the job's group.
+    pub fn run_in(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self.run_at = None;
+        self
+    }
+}
+
+/// A job ready to be enqueued: the serialized payload with its options,
+/// validated. Build many and pass them to [`enqueue_batch`].
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    queue: String,
+    group: Option<String>,
+    kind: &'static str,
+    payload: serde_json::Value,
+    priority: i16,
+    max_attempts: i32,
+    unique_key: Option<String>,
+    run_at_us: Option<i64>,
+    delay_us: Option<i64>,
+}
+
+impl NewJob {
+    /// Serializes `job` and checks its options. Fails, writing nothing, when
+    /// the queue or group name is empty or too long, an option is out of
+    /// range, or the job type is not registered in this binary.
+    pub fn new<J: Job>(job: &J, options: EnqueueOptions) -> Result<Self> {
+        let registration = Registry::global()?
+            .get(J::NAME)
+            .filter(|r| (r.type_name)() == std::any::type_name::<J>())
+            .ok_or_else(|| Error::UnknownJobType(J::NAME.to_owned()))?;
+        let queue = options.queue.unwrap_or_else(|| registration.queue.to_owned());
+        validate_queue(&queue)?;
+        if let Some(group) = &options.group {
+            validate_group(group)?;
+        }
+        let max_attempts = options.max_attempts.unwrap_or(registration.max_attempts);
+        if max_attempts == 0 || max_attempts > i32::MAX as u32 {
+            return Err(Error::InvalidOption(format!(
+                "max_attempts must be between 1 and {}, got {max_attempts}",
+                i32::MAX
+            )));
+        }
+        if let Some(key) = &options.unique_key {
+            if key.is_empty() || key.len() > MAX_GROUP_LEN {
+                return Err(Error::InvalidOption(format!(
+                    "unique_key must be 1 to {MAX_GROUP_LEN} bytes"
+                )));
+            }
+        }
+        let run_at_us = options.run_at.map(micros_since_epoch).transpose()?;
+        let delay_us = options
+            .delay
+            .map(|d| {
+                i64::try_from(d.as_micros())
+                    .map_err(|_| Error::InvalidOption(format!("delay {d:?} is too long")))
+            })
+            .transpose()?;
+        let payload = serde_json::to_value(job).map_err(Error::Serialize)?;
+        Ok(Self {
+            queue,
+            group: options.group,
+            kind: registration.name,
+            payload,
+            priority: options.priority.unwrap_or(registration.priority),
+            max_attempts: max_attempts as i32,
+            unique_key: options.unique_key,
+            run_at_us,
+            delay_us,
+        })
+    }
+
+    /// The queue the job goes to.
+    pub fn queue_name(&self) -> &str {
+        &self.queue
+    }
+
+    /// The job's group, if any.
+    pub fn group_name(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+}
+
+/// Enqueues many jobs in one round trip and returns their ids in input order.
+///
+/// Within a group, jobs are ordered as given. Like a single enqueue, it joins
+/// the connection's transaction if one is open: the jobs become visible to
+/// runners when it commits and vanish if it rolls back. The transaction must
+/// be READ COMMITTED (PostgreSQL's default).
+pub async fn enqueue_batch(
+    conn: &mut AsyncPgConnection,
+    jobs: impl IntoIterator<Item = NewJob>,
+) -> Result<Vec<JobId>> {
+    let mut arrays = EnqueueArrays::default();
+    for job in jobs {
+        arrays.queue.push(job.queue);
+        arrays.group.push(job.group);
+        arrays.kind.push(job.kind.to_owned());
+        arrays.payload.push(job.payload);
+        arrays.priority.push(job.priority);
+        arrays.max_attempts.push(job.max_attempts);
+        arrays.unique_key.push(job.unique_key);
+        arrays.run_at_us.push(job.run_at_us);
+        arrays.delay_us.push(job.delay_us);
+    }
+    if arrays.queue.is_empty() {
+        return Ok(Vec::new());
+    }
+    sql::enqueue(conn, arrays).await.map_err(|err| {
+        let message = err.to_string();
+        match message.strip_prefix("pgfifo enqueue requires READ COMMITTED isolation (found ") {
+            Some(rest) => Error::IsolationLevel(rest.trim_end_matches(')').to_owned()),
+            None => Error::Database(err),
+        }
+    })
+}
+
+pub(crate) fn validate_queue(queue: &str) -> Result<()> {
+    name_problem(queue, MAX_QUEUE_LEN)
+        .map(|reason| Err(Error::InvalidQueue { name: queue.to_owned(), reason }))
+        .unwrap_or(Ok(()))
+}
+
+pub(crate) fn validate_group(group: &str) -> Result<()> {
+    name_problem(group, MAX_GROUP_LEN)
+        .map(|reason| Err(Error::InvalidGroup { name: truncated(group), reason }))
+        .unwrap_or(Ok(()))
+}
+
+fn name_problem(name: &str, max: usize) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("it is empty")
+    } else if name.len() > max {
+        Some(if max == MAX_QUEUE_LEN {
+            "it is longer than 128 bytes"
+        } else {
+            "it is longer than 256 bytes"
+        })
+    } else if name.contains('\0') {
+        Some("it contains a NUL character")
+    } else {
+        None
+    }
+}
+
+/// Keeps error messages short when someone passes a megabyte as a name.
+fn truncated(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+        None => name.to_owned(),
+    }
+}
+
+fn micros_since_epoch(at: SystemTime) -> Result<i64> {
+    let micros = at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| Error::InvalidOption("run_at is before 1970".into()))?
+        .as_micros();
+    i64::try_from(micros).map_err(|_| Error::InvalidOption("run_at is too far in the future".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_queue("billing").is_ok());
+        assert!(matches!(validate_queue(""), Err(Error::InvalidQueue { .. })));
+        assert!(matches!(validate_queue(&"q".repeat(129)), Err(Error::InvalidQueue { .. })));
+        assert!(validate_queue(&"q".repeat(128)).is_ok());
+        assert!(matches!(validate_group(""), Err(Error::InvalidGroup { .. })));
+        assert!(matches!(validate_group("a\0b"), Err(Error::InvalidGroup { .. })));
+        let err = validate_group(&"g".repeat(1000)).unwrap_err().to_string();
+        assert!(err.contains("longer than 256 bytes"), "{err}");
+        assert!(err.len() < 200, "long names are truncated in messages: {err}");
+    }
+}

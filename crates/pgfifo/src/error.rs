@@ -1,0 +1,110 @@
+//! The one error type of pgfifo's API.
+//!
+//! A handler's failure is not an [`Error`]: it is a [`JobError`](crate::JobError)
+//! recorded on the job. `Error` is what the caller of an API function sees.
+
+use std::fmt;
+
+/// The result type of pgfifo's API.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error returned by pgfifo's API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A queue name is empty or longer than [`MAX_QUEUE_LEN`](crate::MAX_QUEUE_LEN) bytes.
+    #[error("invalid queue name {name:?}: {reason}")]
+    InvalidQueue {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A group name is empty or longer than [`MAX_GROUP_LEN`](crate::MAX_GROUP_LEN) bytes.
+    #[error("invalid group name {name:?}: {reason}")]
+    InvalidGroup {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// An enqueue option is out of range (for example `max_attempts = 0`).
+    #[error("invalid enqueue option: {0}")]
+    InvalidOption(String),
+    /// The job type is not registered in this binary (no `#[derive(Job)]`
+    /// with a `Handler` linked in), so no runner built from it could run it.
+    #[error("job type {0:?} is not registered: derive `Job` on it and implement `Handler`")]
+    UnknownJobType(String),
+    /// One or more job registrations are invalid or share a name. Every
+    /// problem is listed.
+    #[error("invalid job registrations:{}", ListProblems(.0))]
+    InvalidRegistrations(Vec<RegistrationProblem>),
+    /// The job payload could not be serialized to JSON.
+    #[error("job payload does not serialize to JSON: {0}")]
+    Serialize(#[source] serde_json::Error),
+    /// Enqueue was called in a transaction that is not READ COMMITTED. pgfifo
+    /// relies on per-statement snapshots to keep group heads exact.
+    #[error("pgfifo enqueue requires a READ COMMITTED transaction (found {0})")]
+    IsolationLevel(String),
+    /// The `pgfifo` schema is missing or older than this library: run
+    /// [`migrate`](crate::migrate()) (or `pgfifo migrate`).
+    #[error("the pgfifo schema is at version {found:?}, this library needs {needed}: run pgfifo::migrate")]
+    SchemaOutdated {
+        /// The newest applied migration, if any.
+        found: Option<i64>,
+        /// The newest migration this library ships.
+        needed: i64,
+    },
+    /// The database schema is newer than this library knows.
+    #[error("the pgfifo schema has migration {0} which this library does not know; upgrade pgfifo")]
+    SchemaTooNew(i64),
+    /// No connection could be taken from the pool in time, or connecting failed.
+    #[error("could not get a database connection: {0}")]
+    Pool(String),
+    /// A database error.
+    #[error("database error: {0}")]
+    Database(#[from] diesel::result::Error),
+    /// Connecting to the database failed.
+    #[error("could not connect to the database: {0}")]
+    Connection(#[from] diesel::ConnectionError),
+    /// The runner was configured with settings that cannot work.
+    #[error("invalid runner configuration: {0}")]
+    InvalidConfig(String),
+    /// Waiting for running jobs during shutdown failed (a worker task panicked).
+    #[error("runner shutdown failed: {0}")]
+    Shutdown(String),
+}
+
+impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for Error {
+    fn from(err: bb8::RunError<diesel_async::pooled_connection::PoolError>) -> Self {
+        Error::Pool(err.to_string())
+    }
+}
+
+/// One invalid registration found when the registry was built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistrationProblem {
+    /// The job name (`Job::NAME`).
+    pub name: String,
+    /// The Rust type that registered it.
+    pub type_name: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl fmt::Display for RegistrationProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "job {:?} ({}): {}", self.name, self.type_name, self.problem)
+    }
+}
+
+struct ListProblems<'a>(&'a [RegistrationProblem]);
+
+impl fmt::Display for ListProblems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for problem in self.0 {
+            write!(f, "\n  - {problem}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,82 @@
+//! FIFO background jobs on PostgreSQL, with at most one running job per
+//! `(queue, group)`: the semantics of SQS FIFO message groups, on the database
+//! your application already has.
+//!
+//! A job is a serde struct with `#[derive(Job)]` and a [`Handler`]. Enqueue it
+//! for a group (a tenant, an account, a device…): jobs of one group run one at
+//! a time in enqueue order, different groups run in parallel. The runner holds
+//! the group's row lock in the job's own transaction while the handler runs, so
+//! a crashed worker releases the group at once and the job runs again; what the
+//! handler writes through its connection commits with the job's success.
+//!
+//! ```no_run
+//! use pgfifo::{async_trait, Handler, Job, JobContext, JobError, RunnerConfig};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Job, Serialize, Deserialize)]
+//! #[job(queue = "billing", max_attempts = 5, timeout = "30s")]
+//! struct ChargeInvoice {
+//!     invoice_id: i64,
+//! }
+//!
+//! #[async_trait]
+//! impl Handler for ChargeInvoice {
+//!     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+//!         // ctx.conn() is the job's transaction: writes commit with its success.
+//!         println!("charging invoice {} for {:?}", self.invoice_id, ctx.group());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn run() -> pgfifo::Result<()> {
+//! let pool = pgfifo::connect("postgres://localhost/app", 20).await?;
+//! pgfifo::migrate(&pool).await?; // explicit: creates or upgrades the `pgfifo` schema
+//!
+//! let mut conn = pool.get().await?;
+//! ChargeInvoice { invoice_id: 7 }.enqueue(&mut conn, "tenant-42").await?;
+//! drop(conn);
+//!
+//! let runner = pgfifo::runner::start(pool, RunnerConfig::default()).await?;
+//! runner.shutdown_on_signal().await?; // SIGINT/SIGTERM: drain, then stop
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! See `docs/` in the repository for the job state machine and the locking
+//! design.
+
+extern crate self as pgfifo;
+
+pub mod db;
+mod enqueue;
+mod error;
+mod job;
+pub mod migrate;
+mod registry;
+pub mod runner;
+
+pub use async_trait::async_trait;
+/// The diesel version pgfifo is built on, for handlers that use the job's connection.
+pub use diesel;
+/// The diesel-async version pgfifo is built on (`AsyncPgConnection`, `RunQueryDsl`).
+pub use diesel_async;
+pub use db::{connect, Pool};
+pub use enqueue::{enqueue_batch, EnqueueOptions, NewJob, MAX_GROUP_LEN, MAX_QUEUE_LEN};
+pub use error::{Error, RegistrationProblem, Result};
+pub use job::{FailureKind, Handler, Job, JobContext, JobError};
+pub use migrate::migrate;
+pub use runner::{RunnerConfig, RunnerHandle};
+
+/// Derives [`Job`] for a serde type and registers its [`Handler`] with the
+/// runner. See the [`Job`] trait for the `#[job(...)]` attributes.
+pub use pgfifo_macros::Job;
+
+/// The id of a stored job.
+pub type JobId = i64;
+
+/// Items the derive macro's output refers to. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::registry::Registration;
+    pub use inventory;
+}

@@ -1,0 +1,156 @@
+//! The registry of job types linked into the binary.
+//!
+//! `#[derive(Job)]` submits one [`Registration`] per type through `inventory`.
+//! The registry is collected once, validated (duplicate names, bad settings)
+//! and then read without locks. Iteration order of `inventory` is unspecified,
+//! so everything here is sorted by name.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::enqueue::{MAX_GROUP_LEN, MAX_QUEUE_LEN};
+use crate::error::{Error, RegistrationProblem};
+use crate::job::{Handler, JobContext, JobError};
+
+/// Runs a handler on a raw JSON payload: deserializes, then calls `handle`.
+pub(crate) type RunFn = for<'a, 'b> fn(
+    &'a serde_json::Value,
+    &'a mut JobContext<'b>,
+) -> BoxFuture<'a, Result<(), RunFailure>>;
+
+/// Why a run failed before or inside the handler.
+#[derive(Debug)]
+pub(crate) enum RunFailure {
+    /// The stored payload does not deserialize into the job type.
+    BadPayload(serde_json::Error),
+    /// The handler returned an error.
+    Handler(JobError),
+}
+
+/// One job type as the derive registers it. Built in a `const` context.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Registration {
+    pub(crate) name: &'static str,
+    pub(crate) queue: &'static str,
+    pub(crate) type_name: fn() -> &'static str,
+    pub(crate) max_attempts: u32,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) backoff: Duration,
+    pub(crate) priority: i16,
+    pub(crate) run: RunFn,
+}
+
+impl Registration {
+    /// The registration of handler type `T`.
+    pub const fn of<T: Handler>() -> Self {
+        Self {
+            name: T::NAME,
+            queue: T::QUEUE,
+            type_name: std::any::type_name::<T>,
+            max_attempts: T::MAX_ATTEMPTS,
+            timeout: T::TIMEOUT,
+            backoff: T::BACKOFF,
+            priority: T::PRIORITY,
+            run: run_erased::<T>,
+        }
+    }
+}
+
+inventory::collect!(Registration);
+
+fn run_erased<'a, 'b, T: Handler>(
+    payload: &'a serde_json::Value,
+    ctx: &'a mut JobContext<'b>,
+) -> BoxFuture<'a, Result<(), RunFailure>> {
+    Box::pin(async move {
+        let job = T::deserialize(payload).map_err(RunFailure::BadPayload)?;
+        job.handle(ctx).await.map_err(RunFailure::Handler)
+    })
+}
+
+/// The validated set of job types, keyed by name.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    by_name: BTreeMap<&'static str, &'static Registration>,
+}
+
+impl Registry {
+    /// The registry of this binary, validated on first use.
+    pub(crate) fn global() -> Result<&'static Registry, Error> {
+        static GLOBAL: OnceLock<Result<Registry, Vec<RegistrationProblem>>> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| Registry::build(inventory::iter::<Registration>))
+            .as_ref()
+            .map_err(|problems| Error::InvalidRegistrations(problems.clone()))
+    }
+
+    /// Builds and validates a registry, reporting every problem at once.
+    pub(crate) fn build<'a>(
+        registrations: impl IntoIterator<Item = &'static Registration> + 'a,
+    ) -> Result<Registry, Vec<RegistrationProblem>> {
+        let mut all: Vec<&'static Registration> = registrations.into_iter().collect();
+        all.sort_by(|a, b| (a.name, (a.type_name)()).cmp(&(b.name, (b.type_name)())));
+        let mut problems = Vec::new();
+        let mut by_name = BTreeMap::new();
+        for reg in all {
+            if let Some(problem) = invalid_reason(reg) {
+                problems.push(RegistrationProblem {
+                    name: reg.name.to_owned(),
+                    type_name: (reg.type_name)().to_owned(),
+                    problem,
+                });
+                continue;
+            }
+            if let Some(first) = by_name.insert(reg.name, reg) {
+                problems.push(RegistrationProblem {
+                    name: reg.name.to_owned(),
+                    type_name: (reg.type_name)().to_owned(),
+                    problem: format!("the name is already used by `{}`", (first.type_name)()),
+                });
+            }
+        }
+        if problems.is_empty() {
+            Ok(Registry { by_name })
+        } else {
+            Err(problems)
+        }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&'static Registration> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Every queue that has at least one registered job type, sorted.
+    pub(crate) fn queues(&self) -> Vec<String> {
+        let mut queues: Vec<String> = self.by_name.values().map(|r| r.queue.to_owned()).collect();
+        queues.sort();
+        queues.dedup();
+        queues
+    }
+}
+
+fn invalid_reason(reg: &Registration) -> Option<String> {
+    if reg.name.is_empty() {
+        return Some("the job name is empty".into());
+    }
+    if reg.queue.is_empty() || reg.queue.len() > MAX_QUEUE_LEN {
+        return Some(format!(
+            "queue name `{}` must be 1 to {MAX_QUEUE_LEN} bytes",
+            reg.queue
+        ));
+    }
+    if reg.name.len() > MAX_GROUP_LEN {
+        return Some(format!("the job name is longer than {MAX_GROUP_LEN} bytes"));
+    }
+    if reg.max_attempts == 0 {
+        return Some("max_attempts must be at least 1".into());
+    }
+    if reg.timeout == Some(Duration::ZERO) {
+        return Some("timeout must be longer than zero".into());
+    }
+    None
+}

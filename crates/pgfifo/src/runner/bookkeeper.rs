@@ -1,0 +1,225 @@
+//! Writes that must not be part of a job's transaction, on the runner's own
+//! connection.
+//!
+//! The main one is the start of an attempt: it must be durable before the
+//! handler runs, or a job that kills its process would never use up its
+//! attempts. It cannot wait on the job's row lock either, so it goes to
+//! `pgfifo.job_attempt` in autocommit. Requests from all workers are batched:
+//! under load, one statement records the attempts of every job that started
+//! since the previous one.
+//!
+//! The connection is taken from the pool once and kept; when it breaks
+//! (database restart, killed backend) the next request takes a new one.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::db::{sql, Pool, PooledConnection};
+
+/// The most requests one batch carries.
+const MAX_BATCH: usize = 512;
+
+enum Request {
+    Start {
+        id: i64,
+        max_attempts: i32,
+        reply: oneshot::Sender<Result<Option<i32>, String>>,
+    },
+    Forget {
+        id: i64,
+        attempt: i32,
+        reply: oneshot::Sender<()>,
+    },
+    NoteError {
+        id: i64,
+        attempt: i32,
+        error: String,
+    },
+    CancelBackend {
+        pid: i32,
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A handle to the bookkeeper task.
+pub(crate) struct Bookkeeper {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl Bookkeeper {
+    /// Spawns the task; it ends when `service` is cancelled.
+    pub(crate) fn spawn(
+        pool: Pool,
+        runner: String,
+        service: CancellationToken,
+        tracker: &TaskTracker,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tracker.spawn(run(pool, runner, service, rx));
+        Self { tx }
+    }
+
+    /// Records the start of an attempt of job `id`. `Ok(Some(n))`: this is
+    /// attempt `n`; `Ok(None)`: the job has used all its attempts.
+    pub(crate) async fn start_attempt(&self, id: i64, max_attempts: i32) -> Result<Option<i32>, String> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Start {
+                id,
+                max_attempts,
+                reply,
+            })
+            .map_err(|_| "the runner is stopping".to_owned())?;
+        rx.await.map_err(|_| "the runner is stopping".to_owned())?
+    }
+
+    /// Deletes the record of an attempt aborted by shutdown (best effort).
+    pub(crate) async fn forget_attempt(&self, id: i64, attempt: i32) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Request::Forget { id, attempt, reply }).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Notes an error on an attempt whose own transaction could not (best effort).
+    pub(crate) fn note_error(&self, id: i64, attempt: i32, error: String) {
+        let _ = self.tx.send(Request::NoteError { id, attempt, error });
+    }
+
+    /// Cancels the statement running on backend `pid` (best effort).
+    pub(crate) async fn cancel_backend(&self, pid: i32) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Request::CancelBackend { pid, reply }).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+async fn run(
+    pool: Pool,
+    runner: String,
+    service: CancellationToken,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+) {
+    let mut conn: Option<PooledConnection> = None;
+    let mut failures = 0u32;
+    loop {
+        let first = tokio::select! {
+            request = rx.recv() => match request {
+                Some(request) => request,
+                None => return,
+            },
+            () = service.cancelled() => return,
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        if conn.is_none() {
+            match pool.get_owned().await {
+                Ok(c) => conn = Some(c),
+                Err(err) => {
+                    let message = format!("no connection for attempt bookkeeping: {err}");
+                    tracing::warn!("pgfifo: {message}");
+                    fail_all(batch, &message);
+                    failures += 1;
+                    tokio::time::sleep(backoff(failures)).await;
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connection taken above");
+        match process(c, &runner, batch).await {
+            Ok(()) => failures = 0,
+            Err(err) => {
+                tracing::warn!(error = %err, "pgfifo: attempt bookkeeping failed; reconnecting");
+                // A broken connection is discarded by the pool when dropped.
+                conn = None;
+                failures += 1;
+            }
+        }
+    }
+}
+
+async fn process(
+    conn: &mut PooledConnection,
+    runner: &str,
+    batch: Vec<Request>,
+) -> Result<(), diesel::result::Error> {
+    let mut starts = Vec::new();
+    let mut others = Vec::new();
+    for request in batch {
+        match request {
+            Request::Start {
+                id,
+                max_attempts,
+                reply,
+            } => starts.push((id, max_attempts, reply)),
+            other => others.push(other),
+        }
+    }
+    if !starts.is_empty() {
+        let ids: Vec<i64> = starts.iter().map(|s| s.0).collect();
+        let max: Vec<i32> = starts.iter().map(|s| s.1).collect();
+        match sql::start_attempts(conn, &ids, &max, runner).await {
+            Ok(recorded) => {
+                for (id, _, reply) in starts {
+                    let attempt = recorded.iter().find(|r| r.0 == id).map(|r| r.1);
+                    let _ = reply.send(Ok(attempt));
+                }
+            }
+            Err(err) => {
+                let message = format!("could not record the attempt: {err}");
+                for (_, _, reply) in starts {
+                    let _ = reply.send(Err(message.clone()));
+                }
+                return Err(err);
+            }
+        }
+    }
+    for request in others {
+        match request {
+            Request::Forget { id, attempt, reply } => {
+                let result = sql::forget_attempt(conn, id, attempt).await;
+                let _ = reply.send(());
+                result?;
+            }
+            Request::NoteError { id, attempt, error } => {
+                sql::note_attempt_error(conn, id, attempt, &error).await?;
+            }
+            Request::CancelBackend { pid, reply } => {
+                let result = sql::cancel_backend(conn, pid).await;
+                let _ = reply.send(());
+                result?;
+            }
+            Request::Start { .. } => unreachable!("starts were taken out above"),
+        }
+    }
+    Ok(())
+}
+
+fn fail_all(batch: Vec<Request>, message: &str) {
+    for request in batch {
+        match request {
+            Request::Start { reply, .. } => {
+                let _ = reply.send(Err(message.to_owned()));
+            }
+            Request::Forget { reply, .. } | Request::CancelBackend { reply, .. } => {
+                let _ = reply.send(());
+            }
+            Request::NoteError { .. } => {}
+        }
+    }
+}
+
+/// Reconnect delay after `failures` consecutive failures: 100 ms doubling to 5 s.
+pub(crate) fn backoff(failures: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1 << failures.min(6));
+    Duration::from_millis(ms.min(5_000))
+}

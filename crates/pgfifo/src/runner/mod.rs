@@ -1,0 +1,375 @@
+//! The runner: picks the head job of each free group, runs its handler inside
+//! the job's transaction, and commits the outcome.
+//!
+//! [`start`] validates the registry and the schema, then spawns:
+//! * `concurrency` worker loops (`worker`), each with at most one job, its
+//!   transaction and its pooled connection at a time;
+//! * the bookkeeper (`bookkeeper`), which records attempt starts on its own
+//!   connection, outside the jobs' transactions;
+//! * the listener (`listener`), which wakes idle workers on `NOTIFY pgfifo`,
+//!   with polling every [`RunnerConfig::poll_interval`] as the fallback.
+//!
+//! Lifecycle: [`RunnerHandle::shutdown`] stops picking, lets running jobs
+//! finish until the deadline, then aborts the rest (their transactions roll
+//! back and the jobs run again later, without losing an attempt).
+
+mod bookkeeper;
+mod listener;
+mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::db::Pool;
+use crate::enqueue::validate_queue;
+use crate::registry::Registry;
+use crate::{Error, JobId, Result};
+
+/// How a runner works. Start from `RunnerConfig::default()` and adjust:
+///
+/// ```
+/// use std::time::Duration;
+/// use pgfifo::RunnerConfig;
+///
+/// let config = RunnerConfig::default()
+///     .queues(["billing", "emails"])
+///     .concurrency(16)
+///     .poll_interval(Duration::from_millis(500));
+/// assert_eq!(config.concurrency, 16);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RunnerConfig {
+    /// The queues served; `None` (the default) serves every queue that has a
+    /// registered job type.
+    pub queues: Option<Vec<String>>,
+    /// How many jobs may run at once in this process (default 10). Each
+    /// running job holds one pooled connection.
+    pub concurrency: usize,
+    /// How often an idle runner looks for work when no notification arrives
+    /// (default 1 s). Notifications make new jobs start within milliseconds;
+    /// polling catches delayed jobs and retries whose time has come.
+    pub poll_interval: Duration,
+    /// The timeout of jobs whose type sets none (default 5 minutes).
+    pub default_timeout: Duration,
+    /// The longest retry delay (default 1 hour).
+    pub max_backoff: Duration,
+    /// How long [`RunnerHandle::shutdown`] lets running jobs finish before
+    /// aborting them (default 30 s).
+    pub shutdown_timeout: Duration,
+    /// The name recorded with each attempt (default `hostname:pid`).
+    pub name: String,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            queues: None,
+            concurrency: 10,
+            poll_interval: Duration::from_secs(1),
+            default_timeout: Duration::from_secs(300),
+            max_backoff: Duration::from_secs(3600),
+            shutdown_timeout: Duration::from_secs(30),
+            name: default_name(),
+        }
+    }
+}
+
+impl RunnerConfig {
+    /// Serves only these queues.
+    pub fn queues<I, S>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.queues = Some(queues.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Runs at most `n` jobs at once.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Looks for work at least this often when idle.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// The timeout of job types that set none.
+    pub fn default_timeout(mut self, timeout: Duration) -> Self {
+        self.default_timeout = timeout;
+        self
+    }
+
+    /// The longest retry delay.
+    pub fn max_backoff(mut self, max: Duration) -> Self {
+        self.max_backoff = max;
+        self
+    }
+
+    /// How long shutdown waits for running jobs before aborting them.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// The name recorded with each attempt.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+}
+
+fn default_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+/// What happened to a job run, as broadcast by [`RunnerHandle::subscribe`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEvent {
+    /// The job's id.
+    pub id: JobId,
+    /// The job's type name.
+    pub kind: String,
+    /// The queue.
+    pub queue: String,
+    /// The group, `None` for ungrouped jobs.
+    pub group: Option<String>,
+    /// The attempt number (from 1).
+    pub attempt: u32,
+    /// What the attempt came to.
+    pub outcome: JobOutcome,
+}
+
+/// The result of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JobOutcome {
+    /// The handler succeeded and the job is done.
+    Succeeded,
+    /// The attempt failed; the job runs again after a delay.
+    Retrying {
+        /// The error.
+        error: String,
+        /// The delay before the next attempt.
+        delay: Duration,
+    },
+    /// The job failed for good (permanent error, attempts used up, unknown
+    /// type, bad payload). It is kept with its error.
+    Failed {
+        /// The error.
+        error: String,
+    },
+    /// The handler cancelled the job.
+    Cancelled {
+        /// The reason.
+        reason: String,
+    },
+    /// The run was aborted (shutdown deadline, lost connection) before an
+    /// outcome could be written; the job runs again later.
+    Aborted {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Shared state of one runner's tasks.
+pub(crate) struct Shared {
+    pub pool: Pool,
+    pub config: RunnerConfig,
+    pub queues: Vec<String>,
+    pub registry: &'static Registry,
+    /// Wakes idle workers (a notification arrived, or a slot found work).
+    pub wake: Notify,
+    /// Cancelled to stop picking new jobs.
+    pub stop: CancellationToken,
+    /// Cancelled to abort running handlers.
+    pub abort: CancellationToken,
+    pub events: broadcast::Sender<JobEvent>,
+    pub bookkeeper: bookkeeper::Bookkeeper,
+}
+
+impl Shared {
+    fn emit(&self, event: JobEvent) {
+        // Nobody listening is fine.
+        let _ = self.events.send(event);
+    }
+}
+
+/// A running runner. Stop it with [`shutdown`](Self::shutdown) (or
+/// [`shutdown_on_signal`](Self::shutdown_on_signal)); dropping the handle
+/// leaves it running until the Tokio runtime ends.
+pub struct RunnerHandle {
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+    service: CancellationToken,
+}
+
+impl std::fmt::Debug for RunnerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerHandle")
+            .field("queues", &self.shared.queues)
+            .field("concurrency", &self.shared.config.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts a runner on `pool` and returns its handle.
+///
+/// Fails, before running anything, when a job registration is invalid (every
+/// problem listed), the configuration cannot work, the schema is not migrated
+/// to this library's version, or the database cannot be reached.
+pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
+    let registry = Registry::global()?;
+    if config.concurrency == 0 {
+        return Err(Error::InvalidConfig("concurrency must be at least 1".into()));
+    }
+    if config.poll_interval.is_zero() {
+        return Err(Error::InvalidConfig("poll_interval must be longer than zero".into()));
+    }
+    let queues = match &config.queues {
+        Some(queues) => queues.clone(),
+        None => registry.queues(),
+    };
+    if queues.is_empty() {
+        return Err(Error::InvalidConfig(
+            "no queues to serve: no job type is registered and RunnerConfig::queues is unset".into(),
+        ));
+    }
+    for queue in &queues {
+        validate_queue(queue)?;
+    }
+    {
+        let mut conn = pool.get().await?;
+        crate::migrate::check_current(&mut conn).await?;
+    }
+
+    let service = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let (events, _) = broadcast::channel(4096);
+    let bookkeeper = bookkeeper::Bookkeeper::spawn(
+        pool.clone(),
+        config.name.clone(),
+        service.clone(),
+        &tracker,
+    );
+    let shared = Arc::new(Shared {
+        pool,
+        queues,
+        registry,
+        wake: Notify::new(),
+        stop: CancellationToken::new(),
+        abort: CancellationToken::new(),
+        events,
+        bookkeeper,
+        config,
+    });
+    tracker.spawn(listener::run(shared.clone(), service.clone()));
+    let workers = TaskTracker::new();
+    for slot in 0..shared.config.concurrency {
+        workers.spawn(worker::run(shared.clone(), slot));
+    }
+    workers.close();
+    // The service tasks stop once every worker has.
+    let stop_services = service.clone();
+    tracker.spawn(async move {
+        workers.wait().await;
+        stop_services.cancel();
+    });
+    tracker.close();
+    tracing::info!(
+        queues = ?shared.queues,
+        concurrency = shared.config.concurrency,
+        name = %shared.config.name,
+        "pgfifo runner started"
+    );
+    Ok(RunnerHandle {
+        shared,
+        tracker,
+        service,
+    })
+}
+
+impl RunnerHandle {
+    /// Receives an event for every finished attempt. Events are for
+    /// observation (tests, metrics); a slow receiver may miss some.
+    pub fn subscribe(&self) -> broadcast::Receiver<JobEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// The queues this runner serves.
+    pub fn queues(&self) -> &[String] {
+        &self.shared.queues
+    }
+
+    /// Stops picking jobs, waits for running jobs up to
+    /// [`RunnerConfig::shutdown_timeout`], then aborts the rest (they roll
+    /// back and run again later) and returns when every task has ended.
+    pub async fn shutdown(self) -> Result<()> {
+        let deadline = self.shared.config.shutdown_timeout;
+        self.shutdown_within(deadline).await
+    }
+
+    /// [`shutdown`](Self::shutdown) with an explicit deadline for running jobs.
+    pub async fn shutdown_within(self, deadline: Duration) -> Result<()> {
+        tracing::info!(?deadline, "pgfifo runner stopping: no new jobs will start");
+        self.shared.stop.cancel();
+        self.shared.wake.notify_waiters();
+        if tokio::time::timeout(deadline, self.tracker.wait()).await.is_err() {
+            tracing::warn!("pgfifo runner: shutdown deadline passed, aborting running jobs");
+            self.shared.abort.cancel();
+            self.tracker.wait().await;
+        }
+        self.service.cancel();
+        tracing::info!("pgfifo runner stopped");
+        Ok(())
+    }
+
+    /// Stops at once: running jobs are aborted (they run again later).
+    pub async fn abort(self) -> Result<()> {
+        self.shared.stop.cancel();
+        self.shared.abort.cancel();
+        self.shared.wake.notify_waiters();
+        self.tracker.wait().await;
+        self.service.cancel();
+        Ok(())
+    }
+
+    /// Waits for SIGINT (Ctrl-C) or SIGTERM, then [`shutdown`](Self::shutdown).
+    pub async fn shutdown_on_signal(self) -> Result<()> {
+        wait_for_signal().await?;
+        self.shutdown().await
+    }
+}
+
+async fn wait_for_signal() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())
+            .map_err(|e| Error::Shutdown(format!("cannot listen for SIGTERM: {e}")))?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.map_err(|e| Error::Shutdown(format!("cannot listen for SIGINT: {e}")))?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .map_err(|e| Error::Shutdown(format!("cannot listen for Ctrl-C: {e}")))?;
+    tracing::info!("pgfifo runner: shutdown signal received");
+    Ok(())
+}

@@ -1,0 +1,452 @@
+//! One worker slot: pick a job, run it in its transaction, write the outcome,
+//! commit; repeat while picks find work, then wait for a wake-up or the poll.
+//!
+//! The job's transaction (depth 1) is opened before the pick and holds the
+//! group and job row locks until the outcome commits. The handler runs inside
+//! a savepoint (depth 2): on failure, the savepoint is rolled back, which
+//! discards the handler's writes but keeps the locks, and the failure is
+//! written in the same transaction. Handlers' own `transaction` calls nest as
+//! further savepoints.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, TransactionManager};
+use futures_util::FutureExt;
+use tracing::Instrument;
+
+use super::{JobEvent, JobOutcome, Shared};
+use crate::db::sql::{self, Outcome, PickedJob};
+use crate::db::PooledConnection;
+use crate::job::{FailureKind, JobContext};
+use crate::registry::{Registration, RunFailure};
+
+type Tm = <AsyncPgConnection as AsyncConnection>::TransactionManager;
+
+/// How long the rollback of a timed-out handler may wait for the handler's
+/// last statement before that statement is cancelled on the server.
+const ROLLBACK_PATIENCE: Duration = Duration::from_secs(2);
+/// How long to wait after cancelling before giving the connection up.
+const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
+/// A wait for a pooled connection longer than this is logged.
+const SLOW_POOL: Duration = Duration::from_secs(1);
+
+/// What went wrong with the worker's connection; the worker drops it (the
+/// pool discards it, the server aborts its transaction) and starts over.
+#[derive(Debug)]
+struct ConnectionLost(String);
+
+impl From<diesel::result::Error> for ConnectionLost {
+    fn from(err: diesel::result::Error) -> Self {
+        ConnectionLost(err.to_string())
+    }
+}
+
+pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
+    let mut turn = slot as i32;
+    let mut failures = 0u32;
+    'slot: while !shared.stop.is_cancelled() {
+        // Register for wake-ups before looking, so that a notification which
+        // arrives while this slot picks is not lost.
+        let mut notified = pin!(shared.wake.notified());
+        notified.as_mut().enable();
+
+        let Some(mut conn) = connection(&shared).await else {
+            continue;
+        };
+        // Drain: keep picking while picks return work; never wait for a timer
+        // while there is work.
+        loop {
+            if shared.stop.is_cancelled() {
+                break 'slot;
+            }
+            turn = turn.wrapping_add(1);
+            match run_one(&shared, &mut conn, turn).await {
+                Ok(true) => failures = 0,
+                Ok(false) => break,
+                Err(ConnectionLost(err)) => {
+                    failures += 1;
+                    tracing::warn!(error = %err, slot, "pgfifo worker: database connection failed; retrying");
+                    drop(conn);
+                    tokio::select! {
+                        () = tokio::time::sleep(super::bookkeeper::backoff(failures)) => {}
+                        () = shared.stop.cancelled() => {}
+                    }
+                    continue 'slot;
+                }
+            }
+        }
+        drop(conn);
+        let poll = jittered(shared.config.poll_interval);
+        tokio::select! {
+            () = &mut notified => {}
+            () = tokio::time::sleep(poll) => {}
+            () = shared.stop.cancelled() => {}
+        }
+    }
+}
+
+/// Takes a connection from the pool, or `None` when stopping or the pool
+/// failed (logged; the caller loops).
+async fn connection(shared: &Shared) -> Option<PooledConnection> {
+    let started = Instant::now();
+    let result = tokio::select! {
+        result = shared.pool.get_owned() => result,
+        () = shared.stop.cancelled() => return None,
+    };
+    let waited = started.elapsed();
+    match result {
+        Ok(conn) => {
+            if waited > SLOW_POOL {
+                tracing::warn!(
+                    waited_ms = waited.as_millis() as u64,
+                    "pgfifo worker waited for a pooled connection: the pool is exhausted \
+                     (size it at least concurrency + 2 plus the application's needs)"
+                );
+            }
+            Some(conn)
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, waited_ms = waited.as_millis() as u64,
+                "pgfifo worker: no pooled connection; jobs wait until one is free");
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                () = shared.stop.cancelled() => {}
+            }
+            None
+        }
+    }
+}
+
+/// Picks and runs one job. `Ok(false)`: nothing to do.
+async fn run_one(shared: &Shared, conn: &mut AsyncPgConnection, turn: i32) -> Result<bool, ConnectionLost> {
+    Tm::begin_transaction(conn).await?;
+    let job = match sql::pick(conn, &shared.queues, turn).await {
+        Ok(Some(job)) => job,
+        Ok(None) => {
+            Tm::rollback_transaction(conn).await?;
+            return Ok(false);
+        }
+        Err(err) => {
+            let _ = Tm::rollback_transaction(conn).await;
+            return Err(err.into());
+        }
+    };
+    let span = tracing::info_span!(
+        "pgfifo.job",
+        id = job.id,
+        kind = %job.kind,
+        queue = %job.queue,
+        group = job.group_id.as_deref().unwrap_or(""),
+        attempt = tracing::field::Empty,
+    );
+    execute(shared, conn, job).instrument(span).await?;
+    Ok(true)
+}
+
+/// How a handler run ended.
+enum Ran {
+    Ok(Option<serde_json::Value>),
+    Failed(crate::JobError),
+    BadPayload(serde_json::Error),
+    Panicked(String),
+    TimedOut(Duration),
+    Aborted,
+}
+
+/// Runs a picked job to its outcome. On return the job's transaction is over:
+/// committed with the outcome, or rolled back (`Err`, or an aborted run).
+async fn execute(shared: &Shared, conn: &mut AsyncPgConnection, job: PickedJob) -> Result<(), ConnectionLost> {
+    let attempt = match shared.bookkeeper.start_attempt(job.id, job.max_attempts).await {
+        Ok(Some(attempt)) => attempt,
+        Ok(None) => {
+            let error = format!(
+                "attempt {0} of {0} never finished (its worker crashed, was killed or lost its \
+                 connection); no attempts left",
+                job.max_attempts
+            );
+            return finish_failed(shared, conn, &job, job.max_attempts, error).await;
+        }
+        Err(err) => {
+            let _ = Tm::rollback_transaction(conn).await;
+            return Err(ConnectionLost(err));
+        }
+    };
+    tracing::Span::current().record("attempt", attempt);
+    let Some(registration) = shared.registry.get(&job.kind) else {
+        let error = format!(
+            "unknown job type {:?}: no handler is registered for it in this runner",
+            job.kind
+        );
+        return finish_failed(shared, conn, &job, attempt, error).await;
+    };
+    tracing::debug!("job started");
+
+    // The handler's savepoint.
+    Tm::begin_transaction(conn).await?;
+    let timeout = registration.timeout.unwrap_or(shared.config.default_timeout);
+    let ran = run_handler(shared, conn, &job, attempt, registration, timeout).await;
+
+    let failure = match ran {
+        Ran::Ok(result) => {
+            if depth(conn) == Some(2) {
+                Tm::commit_transaction(conn).await?;
+                return finish(shared, conn, &job, attempt, Outcome::Succeeded, None, result.as_ref(), None).await;
+            }
+            FailureText::retry("the handler returned with a transaction of its own still open")
+        }
+        Ran::Failed(err) => FailureText::from_job_error(err),
+        Ran::BadPayload(err) => FailureText::permanent(format!(
+            "the payload does not deserialize into {}: {err}",
+            (registration.type_name)()
+        )),
+        Ran::Panicked(message) => FailureText::retry(format!("the handler panicked: {message}")),
+        Ran::TimedOut(limit) => FailureText::retry(format!("the handler timed out after {limit:?}")),
+        Ran::Aborted => return abort(shared, conn, &job, attempt).await,
+    };
+
+    // Discard the handler's writes, keep the locks.
+    if !rollback_to(shared, conn, 1, job.backend_pid).await {
+        shared.bookkeeper.note_error(job.id, attempt, failure.message.clone());
+        return Err(ConnectionLost(format!(
+            "could not roll back the handler of job {} after: {}",
+            job.id, failure.message
+        )));
+    }
+    let (outcome, delay) = match failure.kind {
+        FailureKind::Retry { after } if attempt < job.max_attempts => {
+            (Outcome::Retry, Some(after.unwrap_or_else(|| backoff(shared, registration, attempt))))
+        }
+        FailureKind::Cancel => (Outcome::Cancelled, None),
+        _ => (Outcome::Failed, None),
+    };
+    let message = if outcome == Outcome::Failed && matches!(failure.kind, FailureKind::Retry { .. }) {
+        format!("{} (attempt {attempt} of {}, no attempts left)", failure.message, job.max_attempts)
+    } else {
+        failure.message
+    };
+    finish(shared, conn, &job, attempt, outcome, Some(&message), None, delay).await
+}
+
+/// Runs the handler with its timeout, catching panics, until done or aborted.
+async fn run_handler(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: &PickedJob,
+    attempt: i32,
+    registration: &Registration,
+    timeout: Duration,
+) -> Ran {
+    let mut ctx = JobContext {
+        id: job.id,
+        queue: &job.queue,
+        group: job.group_id.as_deref(),
+        attempt: attempt as u32,
+        max_attempts: job.max_attempts as u32,
+        conn,
+        result: None,
+    };
+    let outcome = {
+        let run = AssertUnwindSafe((registration.run)(&job.payload, &mut ctx)).catch_unwind();
+        tokio::select! {
+            ran = tokio::time::timeout(timeout, run) => match ran {
+                Ok(Ok(Ok(()))) => None,
+                Ok(Ok(Err(RunFailure::Handler(err)))) => Some(Ran::Failed(err)),
+                Ok(Ok(Err(RunFailure::BadPayload(err)))) => Some(Ran::BadPayload(err)),
+                Ok(Err(panic)) => Some(Ran::Panicked(panic_message(&*panic))),
+                Err(_) => Some(Ran::TimedOut(timeout)),
+            },
+            () = shared.abort.cancelled() => Some(Ran::Aborted),
+        }
+    };
+    outcome.unwrap_or(Ran::Ok(ctx.result.take()))
+}
+
+/// A failure's message and what to do about it.
+struct FailureText {
+    kind: FailureKind,
+    message: String,
+}
+
+impl FailureText {
+    fn retry(message: impl Into<String>) -> Self {
+        Self {
+            kind: FailureKind::Retry { after: None },
+            message: message.into(),
+        }
+    }
+
+    fn permanent(message: String) -> Self {
+        Self {
+            kind: FailureKind::Permanent,
+            message,
+        }
+    }
+
+    fn from_job_error(err: crate::JobError) -> Self {
+        Self {
+            kind: err.kind(),
+            message: err.to_string(),
+        }
+    }
+}
+
+/// Writes the outcome and commits the job's transaction.
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: &PickedJob,
+    attempt: i32,
+    outcome: Outcome,
+    error: Option<&str>,
+    result: Option<&serde_json::Value>,
+    delay: Option<Duration>,
+) -> Result<(), ConnectionLost> {
+    let delay_us = delay.map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    if let Err(err) = sql::complete(conn, job.id, attempt, outcome, error, result, delay_us).await {
+        let _ = Tm::rollback_transaction(conn).await;
+        return Err(err.into());
+    }
+    Tm::commit_transaction(conn).await?;
+    let error = error.unwrap_or_default().to_owned();
+    let outcome = match outcome {
+        Outcome::Succeeded => {
+            tracing::debug!("job succeeded");
+            JobOutcome::Succeeded
+        }
+        Outcome::Retry => {
+            let delay = delay.unwrap_or_default();
+            tracing::warn!(error = %error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
+            JobOutcome::Retrying { error, delay }
+        }
+        Outcome::Failed => {
+            tracing::error!(error = %error, "job failed for good; kept as failed");
+            JobOutcome::Failed { error }
+        }
+        Outcome::Cancelled => {
+            tracing::info!(reason = %error, "job cancelled by its handler");
+            JobOutcome::Cancelled { reason: error }
+        }
+    };
+    shared.emit(event(job, attempt, outcome));
+    Ok(())
+}
+
+async fn finish_failed(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: &PickedJob,
+    attempt: i32,
+    error: String,
+) -> Result<(), ConnectionLost> {
+    finish(shared, conn, job, attempt, Outcome::Failed, Some(&error), None, None).await
+}
+
+/// Shutdown deadline: forget the attempt (a graceful stop must not use up
+/// attempts), roll the whole transaction back; the job runs again later.
+async fn abort(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: &PickedJob,
+    attempt: i32,
+) -> Result<(), ConnectionLost> {
+    shared.bookkeeper.forget_attempt(job.id, attempt).await;
+    let reason = "aborted by runner shutdown".to_owned();
+    tracing::warn!("job aborted by shutdown; it will run again");
+    let rolled_back = rollback_to(shared, conn, 0, job.backend_pid).await;
+    shared.emit(event(job, attempt, JobOutcome::Aborted { reason: reason.clone() }));
+    if rolled_back {
+        Ok(())
+    } else {
+        Err(ConnectionLost(reason))
+    }
+}
+
+fn event(job: &PickedJob, attempt: i32, outcome: JobOutcome) -> JobEvent {
+    JobEvent {
+        id: job.id,
+        kind: job.kind.clone(),
+        queue: job.queue.clone(),
+        group: job.group_id.clone(),
+        attempt: attempt as u32,
+        outcome,
+    }
+}
+
+/// The transaction depth diesel tracks (0: none), or `None` if its state is broken.
+fn depth(conn: &mut AsyncPgConnection) -> Option<u32> {
+    Tm::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .ok()
+        .map(|d| d.map_or(0, |d| d.get()))
+}
+
+/// Rolls back to transaction depth `target` after a handler ended in any way
+/// (including a dropped future whose statement may still run on the server:
+/// after a while that statement is cancelled). `false`: the connection is
+/// unusable and must be dropped, which aborts the transaction on the server.
+async fn rollback_to(shared: &Shared, conn: &mut AsyncPgConnection, target: u32, backend_pid: i32) -> bool {
+    let unwind = AssertUnwindSafe(async {
+        loop {
+            match depth(conn) {
+                Some(d) if d > target => Tm::rollback_transaction(conn).await?,
+                Some(d) if d == target => return Ok(true),
+                _ => return Ok::<_, diesel::result::Error>(false),
+            }
+        }
+    })
+    // diesel asserts (in debug builds) when a transaction statement of the
+    // handler was cut off mid-flight; treat that as a broken connection.
+    .catch_unwind();
+    let mut unwind = pin!(unwind);
+    let result = tokio::select! {
+        result = &mut unwind => result,
+        () = tokio::time::sleep(ROLLBACK_PATIENCE) => {
+            tracing::warn!(backend_pid, "the handler's statement is still running; cancelling it");
+            shared.bookkeeper.cancel_backend(backend_pid).await;
+            match tokio::time::timeout(CANCEL_PATIENCE, &mut unwind).await {
+                Ok(result) => result,
+                Err(_) => return false,
+            }
+        }
+    };
+    matches!(result, Ok(Ok(true)))
+}
+
+/// Exponential backoff from the type's base delay, capped, with jitter (half
+/// fixed, half random) so retries of many jobs spread out.
+fn backoff(shared: &Shared, registration: &Registration, attempt: i32) -> Duration {
+    let exponent = (attempt.max(1) - 1).min(30) as u32;
+    let full = registration
+        .backoff
+        .saturating_mul(1u32 << exponent)
+        .min(shared.config.max_backoff);
+    full / 2 + full.mul_f64(random_fraction() / 2.0)
+}
+
+/// Spreads polls of idle workers over ±25 % of the interval.
+fn jittered(interval: Duration) -> Duration {
+    interval.mul_f64(0.75 + random_fraction() / 2.0)
+}
+
+/// A random number in [0, 1) from the standard library's per-instance random
+/// hash keys; enough for jitter.
+fn random_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}

@@ -1,0 +1,78 @@
+//! The derive macro of [pgfifo](https://docs.rs/pgfifo): `#[derive(Job)]`.
+//!
+//! Do not depend on this crate directly: add `pgfifo`, which re-exports the
+//! derive beside the `Job` trait of the same name, and whose hidden
+//! `__private` module is what the generated code refers to.
+//!
+//! The macro is a pipeline of small modules, after `serde_derive` and
+//! `thiserror`:
+//!
+//! - `attr` parses the `#[job(...)]` attributes, rejecting unknown and
+//!   duplicate keys and values of the wrong type;
+//! - `ast` is the parsed model of the type, with the defaults of each setting;
+//! - `valid` checks what parsing cannot (ranges, lengths, unions, generics);
+//! - `expand` drives the pipeline and generates the code;
+//! - `fallback` is what is emitted instead when anything failed.
+//!
+//! Every error is collected before anything is reported, so one compilation
+//! shows all the mistakes of a type at once, each pointing at its token.
+
+mod ast;
+mod attr;
+mod ctxt;
+mod duration;
+mod expand;
+mod fallback;
+mod valid;
+
+use proc_macro::TokenStream;
+
+/// Implements `pgfifo::Job` for a struct or an enum and registers the type's
+/// `pgfifo::Handler` with the runner.
+///
+/// The type must also implement `Serialize` and `Deserialize`, have no generic
+/// parameters or lifetimes, and implement `pgfifo::Handler` by hand.
+///
+/// Settings, all optional, in one or several `#[job(...)]` attributes:
+///
+/// | key            | value                              | default             |
+/// |----------------|------------------------------------|---------------------|
+/// | `name`         | string, 1 to 256 bytes             | the type's name     |
+/// | `queue`        | string, 1 to 128 bytes             | `"default"`         |
+/// | `max_attempts` | integer, at least 1                | `5`                 |
+/// | `timeout`      | duration string, e.g. `"30s"`      | the runner's        |
+/// | `backoff`      | duration string, e.g. `"500ms"`    | `"1s"`              |
+/// | `priority`     | integer in `i16`, may be negative  | `0`                 |
+///
+/// A duration is an integer followed by one unit among `ms`, `s`, `m` and `h`,
+/// with nothing in between (`"250ms"`, `"30s"`, `"5m"`, `"1h"`); it must not
+/// be zero.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Job, Serialize, Deserialize)]
+/// #[job(queue = "billing", name = "charge", max_attempts = 3)]
+/// #[job(timeout = "30s", backoff = "500ms", priority = -2)]
+/// struct ChargeInvoice {
+///     invoice_id: i64,
+/// }
+///
+/// #[async_trait]
+/// impl Handler for ChargeInvoice {
+///     async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+///         Ok(())
+///     }
+/// }
+///
+/// assert_eq!(ChargeInvoice::NAME, "charge");
+/// assert_eq!(ChargeInvoice::TIMEOUT, Some(Duration::from_secs(30)));
+/// assert_eq!(ChargeInvoice::PRIORITY, -2);
+/// ```
+#[proc_macro_derive(Job, attributes(job))]
+pub fn derive_job(input: TokenStream) -> TokenStream {
+    expand::derive(input.into()).into()
+}

@@ -1,0 +1,25 @@
+//! pgfifo's integration tests: one binary, a module per topic, a database per
+//! test (see `pgfifo_tests::TestDb`).
+//!
+//! Job type names must be unique across this binary (a duplicate makes every
+//! registration lookup fail), so each module names its types after itself.
+
+mod jobs;
+mod smoke;
+
+// Enqueue side.
+mod bad_input;
+mod enqueue_api;
+mod migrations;
+mod ungrouped;
+
+// Runner side.
+mod atomicity;
+mod crashes;
+mod exclusivity_fifo;
+mod retries;
+mod stored_bad_input;
+mod timeouts_shutdown;
+
+// Several OS processes on one database.
+mod multiprocess;

@@ -1,0 +1,292 @@
+//! Test support for pgfifo's integration tests: one real PostgreSQL database
+//! per test, cloned from a template that is migrated once per schema version.
+//!
+//! `DATABASE_URL` names the server (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`). A test's database is
+//! dropped when its [`TestDb`] is dropped after the test passed, and kept for
+//! inspection when it failed (its name is printed); kept databases older than
+//! a day are swept when the template is next checked.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel::sql_types::{BigInt, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use pgfifo::{Pool, RunnerConfig};
+
+/// The server tests run against.
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// `url` with its database name replaced by `db`.
+pub fn url_for(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[after_scheme..].find('/') {
+        Some(slash) => &base[..after_scheme + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{db}?{query}"),
+        None => format!("{base}/{db}"),
+    }
+}
+
+/// A database of its own for one test, with pgfifo migrated.
+pub struct TestDb {
+    /// The database's name.
+    pub name: String,
+    /// Its connection URL.
+    pub url: String,
+    /// A pool on it (20 connections).
+    pub pool: Pool,
+}
+
+impl TestDb {
+    /// Creates a fresh migrated database.
+    pub async fn new() -> TestDb {
+        Self::with_pool_size(20).await
+    }
+
+    /// Like [`new`](Self::new) with a pool of `size` connections.
+    pub async fn with_pool_size(size: u32) -> TestDb {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("PGFIFO_TEST_LOG")
+                    .unwrap_or_else(|_| "off".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let template = ensure_template().await;
+        let name = unique_name();
+        let mut admin = admin().await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""))
+            .await
+            .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
+        let url = url_for(&server_url(), &name);
+        let pool = pgfifo::connect(&url, size).await.expect("connect to the test database");
+        TestDb { name, url, pool }
+    }
+
+    /// A connection from the test's pool.
+    pub async fn conn(&self) -> pgfifo::db::PooledConnection {
+        self.pool.get_owned().await.expect("pooled connection")
+    }
+
+    /// A connection of its own (not from the pool).
+    pub async fn direct(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.url).await.expect("connect")
+    }
+
+    /// Runs `sql` and returns the single bigint it yields.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = BigInt)]
+            v: i64,
+        }
+        let mut conn = self.conn().await;
+        let row: Row = diesel::sql_query(format!("SELECT ({sql})::bigint AS v"))
+            .get_result(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        row.v
+    }
+
+    /// Runs `sql` and returns the single text it yields (NULL as `None`).
+    pub async fn text(&self, sql: &str) -> Option<String> {
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+            v: Option<String>,
+        }
+        let mut conn = self.conn().await;
+        let row: Row = diesel::sql_query(format!("SELECT ({sql})::text AS v"))
+            .get_result(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        row.v
+    }
+
+    /// Runs statements without results.
+    pub async fn exec(&self, sql: &str) {
+        let mut conn = self.conn().await;
+        conn.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Waits until `sql` (a bigint) equals `expected`, polling; panics after `limit`.
+    pub async fn wait_for(&self, sql: &str, expected: i64, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let value = self.scalar(sql).await;
+            if value == expected {
+                return;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("waited {limit:?} for `{sql}` = {expected}; it is {value}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed: database {} kept for inspection", self.name);
+            return;
+        }
+        let name = self.name.clone();
+        // Drop from a thread of its own: Drop cannot await, and the test's
+        // runtime may be shutting down.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let mut admin = admin().await;
+                let _ = admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+/// A runner configuration for tests: short polls and timeouts.
+pub fn test_config() -> RunnerConfig {
+    RunnerConfig::default()
+        .poll_interval(Duration::from_millis(100))
+        .shutdown_timeout(Duration::from_secs(10))
+}
+
+async fn admin() -> AsyncPgConnection {
+    AsyncPgConnection::establish(&server_url())
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e} (is PostgreSQL running?)", server_url()))
+}
+
+fn unique_name() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs();
+    format!(
+        "pgfifo_test_{secs}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The template database for the current migrations, created on first use
+/// under an advisory lock (parallel test processes create it once).
+async fn ensure_template() -> String {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for m in pgfifo::migrate::MIGRATIONS {
+        m.version.hash(&mut hasher);
+        m.up.hash(&mut hasher);
+    }
+    let template = format!("pgfifo_template_{:016x}", hasher.finish());
+
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = Text)]
+        datname: String,
+    }
+    let mut admin = admin().await;
+    admin
+        .batch_execute("SELECT pg_advisory_lock(1885824614, 1)")
+        .await
+        .expect("template lock");
+    let existing: Vec<Name> = diesel::sql_query("SELECT datname::text AS datname FROM pg_database WHERE datname = $1")
+        .bind::<Text, _>(&template)
+        .load(&mut admin)
+        .await
+        .expect("look for the template");
+    if existing.is_empty() {
+        sweep_stale(&mut admin).await;
+        let building = format!("{template}_building");
+        for sql in [
+            format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)"),
+            format!("CREATE DATABASE \"{building}\""),
+        ] {
+            admin.batch_execute(&sql).await.expect("create the template database");
+        }
+        {
+            let mut conn = AsyncPgConnection::establish(&url_for(&server_url(), &building))
+                .await
+                .expect("connect to the template");
+            pgfifo::migrate::migrate_conn(&mut conn).await.expect("migrate the template");
+        }
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{building}\" RENAME TO \"{template}\"; \
+                 ALTER DATABASE \"{template}\" WITH IS_TEMPLATE true"
+            ))
+            .await
+            .expect("publish the template");
+    }
+    admin
+        .batch_execute("SELECT pg_advisory_unlock(1885824614, 1)")
+        .await
+        .expect("template unlock");
+    template
+}
+
+/// Drops test databases left by failed runs more than a day ago, and
+/// templates of older schema versions.
+async fn sweep_stale(admin: &mut AsyncPgConnection) {
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = Text)]
+        datname: String,
+    }
+    let names: Vec<Name> = diesel::sql_query(
+        "SELECT datname::text AS datname FROM pg_database WHERE datname LIKE 'pgfifo\\_te%'",
+    )
+    .load(admin)
+    .await
+    .unwrap_or_default();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs();
+    for Name { datname } in names {
+        let stale = if let Some(rest) = datname.strip_prefix("pgfifo_test_") {
+            rest.split('_')
+                .next()
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_some_and(|created| now.saturating_sub(created) > 86_400)
+        } else {
+            datname.starts_with("pgfifo_template_")
+        };
+        if stale {
+            let _ = admin
+                .batch_execute(&format!("ALTER DATABASE \"{datname}\" WITH IS_TEMPLATE false"))
+                .await;
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS \"{datname}\" WITH (FORCE)"))
+                .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_for;
+
+    #[test]
+    fn replaces_the_database_name() {
+        assert_eq!(url_for("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
+        assert_eq!(url_for("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
+        assert_eq!(
+            url_for("postgres://u@h/db?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
+    }
+}
