@@ -17,7 +17,9 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use pgfifo::runner::JobOutcome;
-use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob, RunnerConfig};
+use pgfifo::{
+    async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob, RunnerConfig,
+};
 use serde::{Deserialize, Serialize};
 
 /// One invoice to charge for a tenant. The handler pretends to call a payment
@@ -52,8 +54,15 @@ impl Handler for ChargeInvoice {
         );
         tokio::time::sleep(Duration::from_millis(self.work_ms)).await;
         let end = elapsed();
-        println!("{:>7.3}s  {:<9} invoice {} done", end.as_secs_f64(), self.tenant, self.invoice);
-        RUNS.lock().expect("runs").push((self.tenant.clone(), self.invoice, start, end));
+        println!(
+            "{:>7.3}s  {:<9} invoice {} done",
+            end.as_secs_f64(),
+            self.tenant,
+            self.invoice
+        );
+        RUNS.lock()
+            .expect("runs")
+            .push((self.tenant.clone(), self.invoice, start, end));
         Ok(())
     }
 }
@@ -61,7 +70,9 @@ impl Handler for ChargeInvoice {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .init();
     let server = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
@@ -76,14 +87,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for invoice in 1..=5 {
         for (i, tenant) in tenants.iter().enumerate() {
             let work_ms = 40 + 30 * ((invoice as u64 + i as u64) % 3);
-            let job = ChargeInvoice { tenant: tenant.to_string(), invoice, work_ms };
+            let job = ChargeInvoice {
+                tenant: tenant.to_string(),
+                invoice,
+                work_ms,
+            };
             jobs.push(NewJob::new(&job, EnqueueOptions::group(*tenant))?);
         }
     }
     {
         let mut conn = pool.get().await?;
         let ids = pgfifo::enqueue_batch(&mut conn, jobs).await?;
-        println!("enqueued {} jobs for {} tenants (ids {}..={})\n", ids.len(), tenants.len(), ids[0], ids[ids.len() - 1]);
+        println!(
+            "enqueued {} jobs for {} tenants (ids {}..={})\n",
+            ids.len(),
+            tenants.len(),
+            ids[0],
+            ids[ids.len() - 1]
+        );
     }
 
     elapsed();
@@ -109,7 +130,8 @@ fn print_timeline(tenants: &[&str]) {
     let step = Duration::from_millis(20);
     let end = runs.iter().map(|r| r.3).max().unwrap_or_default();
     let columns = (end.as_millis() / step.as_millis()) as usize + 1;
-    let mut rows: BTreeMap<&str, Vec<char>> = tenants.iter().map(|t| (*t, vec!['.'; columns])).collect();
+    let mut rows: BTreeMap<&str, Vec<char>> =
+        tenants.iter().map(|t| (*t, vec!['.'; columns])).collect();
     for (tenant, invoice, start, end) in runs.iter() {
         let row = rows.get_mut(tenant.as_str()).expect("known tenant");
         let first = (start.as_millis() / step.as_millis()) as usize;

@@ -110,7 +110,7 @@ impl Parser<'_> {
         if self.seen.contains(&key) {
             self.cx.error_spanned_by(
                 &meta.path,
-                format!("duplicate job attribute `{key}`: it is already set above"),
+                format!("duplicate job attribute `{key}`: it is already set earlier"),
             );
             return Ok(());
         }
@@ -118,14 +118,16 @@ impl Parser<'_> {
 
         let attrs = &mut self.attrs;
         let parsed = match key {
-            "queue" => string(&value, key, "billing").map(|v| attrs.queue = Some(v)),
-            "name" => string(&value, key, "charge_invoice").map(|v| attrs.name = Some(v)),
-            "max_attempts" => integer(&value, key, "5", "from 1 to 4294967295")
-                .map(|v| attrs.max_attempts = Some(v)),
+            "queue" => string(&value, key).map(|v| attrs.queue = Some(v)),
+            "name" => string(&value, key).map(|v| attrs.name = Some(v)),
+            "max_attempts" => {
+                integer(&value, key, "from 1 to 4294967295").map(|v| attrs.max_attempts = Some(v))
+            }
             "timeout" => duration(&value, key).map(|v| attrs.timeout = Some(v)),
             "backoff" => duration(&value, key).map(|v| attrs.backoff = Some(v)),
-            "priority" => integer(&value, key, "-2", "from -32768 to 32767")
-                .map(|v| attrs.priority = Some(v)),
+            "priority" => {
+                integer(&value, key, "from -32768 to 32767").map(|v| attrs.priority = Some(v))
+            }
             _ => unreachable!("every key of KEYS is handled"),
         };
         if let Err(err) = parsed {
@@ -141,17 +143,9 @@ impl Parser<'_> {
         if meta.input.peek(Token![=]) {
             return meta.value()?.parse().map(Some);
         }
-        let example = match key {
-            "queue" => "queue = \"billing\"",
-            "name" => "name = \"charge_invoice\"",
-            "max_attempts" => "max_attempts = 5",
-            "timeout" => "timeout = \"30s\"",
-            "backoff" => "backoff = \"500ms\"",
-            _ => "priority = -2",
-        };
         self.cx.error_spanned_by(
             &meta.path,
-            format!("expected a value for `{key}`, as in `{example}`"),
+            format!("expected a value for `{key}`, as in `{}`", example(key)),
         );
         skip_value(meta)?;
         Ok(None)
@@ -169,6 +163,18 @@ fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
     Ok(())
 }
 
+/// A correct entry for `key`, quoted in error messages.
+fn example(key: &str) -> &'static str {
+    match key {
+        "queue" => "queue = \"billing\"",
+        "name" => "name = \"charge_invoice\"",
+        "max_attempts" => "max_attempts = 5",
+        "timeout" => "timeout = \"30s\"",
+        "backoff" => "backoff = \"500ms\"",
+        _ => "priority = -2",
+    }
+}
+
 /// Strips the invisible groups a `macro_rules!` fragment (`$value:expr`) is
 /// wrapped in, so that a literal passed through a macro is still a literal.
 fn ungroup(mut expr: &Expr) -> &Expr {
@@ -179,8 +185,8 @@ fn ungroup(mut expr: &Expr) -> &Expr {
 }
 
 /// A string literal's value.
-fn string(value: &Expr, key: &str, example: &str) -> syn::Result<Attr<String>> {
-    let lit = string_literal(value, key, &format!("{key} = \"{example}\""))?;
+fn string(value: &Expr, key: &str) -> syn::Result<Attr<String>> {
+    let lit = string_literal(value, key)?;
     Ok(Attr {
         value: lit.value(),
         span: value.span(),
@@ -189,7 +195,7 @@ fn string(value: &Expr, key: &str, example: &str) -> syn::Result<Attr<String>> {
 
 /// A duration string's value.
 fn duration(value: &Expr, key: &str) -> syn::Result<Attr<Millis>> {
-    let lit = string_literal(value, key, &format!("{key} = \"30s\""))?;
+    let lit = string_literal(value, key)?;
     match duration::parse(&lit.value()) {
         Ok(millis) => Ok(Attr {
             value: millis,
@@ -203,14 +209,17 @@ fn duration(value: &Expr, key: &str) -> syn::Result<Attr<Millis>> {
 }
 
 /// The string literal `value` must be.
-fn string_literal<'e>(value: &'e Expr, key: &str, example: &str) -> syn::Result<&'e LitStr> {
+fn string_literal<'e>(value: &'e Expr, key: &str) -> syn::Result<&'e LitStr> {
     match ungroup(value) {
         Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
         }) => Ok(lit),
         _ => Err(syn::Error::new_spanned(
             value,
-            format!("expected a string literal for `{key}`, as in `{example}`"),
+            format!(
+                "expected a string literal for `{key}`, as in `{}`",
+                example(key)
+            ),
         )),
     }
 }
@@ -218,7 +227,7 @@ fn string_literal<'e>(value: &'e Expr, key: &str, example: &str) -> syn::Result<
 /// An integer literal, optionally negated, converted to `T`. `range` says
 /// which values the setting accepts, for the message when `T` cannot hold the
 /// number.
-fn integer<T>(value: &Expr, key: &str, example: &str, range: &str) -> syn::Result<Attr<T>>
+fn integer<T>(value: &Expr, key: &str, range: &str) -> syn::Result<Attr<T>>
 where
     T: TryFrom<i128>,
 {
@@ -236,9 +245,9 @@ where
             Expr::Lit(ExprLit {
                 lit: Lit::Int(lit), ..
             }) => (true, lit),
-            _ => return Err(not_an_integer(value, key, example)),
+            _ => return Err(not_an_integer(value, key)),
         },
-        _ => return Err(not_an_integer(value, key, example)),
+        _ => return Err(not_an_integer(value, key)),
     };
     // Literals too large for i128 are out of range for every setting.
     let magnitude: i128 = lit.base10_parse().map_err(|_| out_of_range())?;
@@ -251,10 +260,13 @@ where
 }
 
 /// The error for a value that is not an integer literal at all.
-fn not_an_integer(value: &Expr, key: &str, example: &str) -> syn::Error {
+fn not_an_integer(value: &Expr, key: &str) -> syn::Error {
     syn::Error::new_spanned(
         value,
-        format!("expected an integer literal for `{key}`, as in `{key} = {example}`"),
+        format!(
+            "expected an integer literal for `{key}`, as in `{}`",
+            example(key)
+        ),
     )
 }
 
@@ -303,13 +315,21 @@ mod tests {
 
     #[test]
     fn priority_bounds() {
-        let (attrs, errors) =
-            parse_item(parse_quote!(#[job(priority = -32768)] struct A;));
+        let (attrs, errors) = parse_item(parse_quote!(
+            #[job(priority = -32768)]
+            struct A;
+        ));
         assert!(errors.is_empty());
         assert_eq!(attrs.priority.unwrap().value, i16::MIN);
 
-        let (_, errors) = parse_item(parse_quote!(#[job(priority = 32768)] struct A;));
-        assert_eq!(errors, ["`priority` must be an integer from -32768 to 32767"]);
+        let (_, errors) = parse_item(parse_quote!(
+            #[job(priority = 32768)]
+            struct A;
+        ));
+        assert_eq!(
+            errors,
+            ["`priority` must be an integer from -32768 to 32767"]
+        );
     }
 
     #[test]
@@ -329,10 +349,10 @@ mod tests {
                 "invalid duration \"10 parsecs\" for `timeout`: expected an integer followed \
                  by a unit among `ms`, `s`, `m` and `h`, such as \"500ms\", \"30s\", \"5m\" \
                  or \"1h\"",
-                "duplicate job attribute `queue`: it is already set above",
+                "duplicate job attribute `queue`: it is already set earlier",
                 "`priority` must be an integer from -32768 to 32767",
                 "expected a value for `name`, as in `name = \"charge_invoice\"`",
-                "expected a string literal for `backoff`, as in `backoff = \"30s\"`",
+                "expected a string literal for `backoff`, as in `backoff = \"500ms\"`",
                 "unknown job attribute `foo`; expected one of `queue`, `name`, \
                  `max_attempts`, `timeout`, `backoff`, `priority`",
                 "unknown job attribute `serde::x`; expected one of `queue`, `name`, \
@@ -348,13 +368,26 @@ mod tests {
 
     #[test]
     fn max_attempts_bounds() {
-        let (_, errors) = parse_item(parse_quote!(#[job(max_attempts = -1)] struct A;));
-        assert_eq!(errors, ["`max_attempts` must be an integer from 1 to 4294967295"]);
-        let (_, errors) =
-            parse_item(parse_quote!(#[job(max_attempts = 4294967296)] struct A;));
-        assert_eq!(errors, ["`max_attempts` must be an integer from 1 to 4294967295"]);
-        let (attrs, errors) =
-            parse_item(parse_quote!(#[job(max_attempts = 4294967295)] struct A;));
+        let (_, errors) = parse_item(parse_quote!(
+            #[job(max_attempts = -1)]
+            struct A;
+        ));
+        assert_eq!(
+            errors,
+            ["`max_attempts` must be an integer from 1 to 4294967295"]
+        );
+        let (_, errors) = parse_item(parse_quote!(
+            #[job(max_attempts = 4294967296)]
+            struct A;
+        ));
+        assert_eq!(
+            errors,
+            ["`max_attempts` must be an integer from 1 to 4294967295"]
+        );
+        let (attrs, errors) = parse_item(parse_quote!(
+            #[job(max_attempts = 4294967295)]
+            struct A;
+        ));
         assert!(errors.is_empty());
         assert_eq!(attrs.max_attempts.unwrap().value, u32::MAX);
     }

@@ -88,8 +88,24 @@ mod tests {
     #[test]
     fn rejects_malformed_strings() {
         for text in [
-            "", "s", "ms", "30", "30 s", " 30s", "30s ", "30S", "30sec", "10 parsecs", "1m30s",
-            "-5s", "+5s", "1.5s", "1_000ms", "30d", "h1", "٣s",
+            "",
+            "s",
+            "ms",
+            "30",
+            "30 s",
+            " 30s",
+            "30s ",
+            "30S",
+            "30sec",
+            "10 parsecs",
+            "1m30s",
+            "-5s",
+            "+5s",
+            "1.5s",
+            "1_000ms",
+            "30d",
+            "h1",
+            "٣s",
         ] {
             assert_eq!(parse(text), Err(DurationError::Syntax), "{text:?}");
         }

@@ -193,7 +193,10 @@ mod tests {
 
     #[test]
     fn unparsable_input_is_a_compile_error() {
-        let text = derive(quote!(fn not_a_type() {})).to_string();
+        let text = derive(quote!(
+            fn not_a_type() {}
+        ))
+        .to_string();
         assert!(text.contains("compile_error"), "{text}");
     }
 }

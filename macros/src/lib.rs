@@ -12,7 +12,8 @@
 //! - `ast` is the parsed model of the type, with the defaults of each setting;
 //! - `valid` checks what parsing cannot (ranges, lengths, unions, generics);
 //! - `expand` drives the pipeline and generates the code;
-//! - `fallback` is what is emitted instead when anything failed.
+//! - `fallback` is what is emitted instead when anything failed;
+//! - `ctxt` collects the errors of every phase, `duration` parses `"30s"`.
 //!
 //! Every error is collected before anything is reported, so one compilation
 //! shows all the mistakes of a type at once, each pointing at its token.

@@ -30,7 +30,7 @@ CREATE TABLE pgfifo.job (
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.02);
 ALTER SEQUENCE pgfifo.job_id_seq OWNED BY pgfifo.job.id;
 
 -- The next head of a group: the oldest queued job (advance_head).
@@ -45,29 +45,51 @@ CREATE INDEX job_ungrouped_queued_idx ON pgfifo.job (queue, priority DESC, run_a
 CREATE UNIQUE INDEX job_unique_key_idx ON pgfifo.job (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state = 'queued';
 
--- One row per (queue, group) that has ever had a job.
+-- One row per (queue, group) that has had a job.
 --
 -- The row is the group's mutex: a runner holds FOR UPDATE on it for the whole
 -- run of the group's head job. It also carries the group's head, so a pick
--- finds a free group and its head by one index lookup whatever the backlog:
---   head_id  = the oldest unfinished job of the group, NULL when idle
---   priority = the head's priority, ready_at = the head's run_after
--- Only two parties write head_id: the runner holding the row lock (advance on
--- completion) and an enqueuer that finds the group idle (head_id IS NULL). The
--- advisory lock of the group orders the two (see enqueue and advance_head).
+-- finds a free group and its head by index lookups whatever the backlog:
+--   head_id  = the oldest unfinished job of the group (NULL when idle);
+--   priority = the head's priority;
+--   ready_at = NULL when idle, otherwise the head may start once ready_at has
+--              passed. While successive heads are ready at once it is left
+--              unchanged, so advancing the head changes no indexed column.
+--   slot     = a fixed hash of the group: its place in the pick's fair order.
+-- head_id is in no index, so the update that advances a head is a HOT update:
+-- no new index entries, and dead versions are pruned within the page, which
+-- fillfactor leaves room for. Otherwise every job would leave a dead entry at
+-- the front of the index every pick walks.
+--
+-- Who writes head_id: the runner holding the row (advance_head, on
+-- completion), and the runner's promote step for groups an enqueuer found
+-- idle (through pgfifo.group_wake). Enqueuers never write this table, so an
+-- enqueue never waits for another transaction's group row.
 CREATE TABLE pgfifo.queue_group (
     queue      text        NOT NULL,
     group_id   text        NOT NULL,
+    slot       integer     NOT NULL,
     head_id    bigint,
     priority   smallint    NOT NULL DEFAULT 0,
     ready_at   timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (queue, group_id)
-);
+) WITH (fillfactor = 50,
+        autovacuum_vacuum_scale_factor = 0.01,
+        autovacuum_vacuum_threshold = 1000);
 
--- The grouped pick: ready heads by priority, then age.
-CREATE INDEX queue_group_ready_idx ON pgfifo.queue_group (queue, priority DESC, ready_at, head_id)
-    WHERE head_id IS NOT NULL;
+-- The grouped pick: active groups by priority, then slot.
+CREATE INDEX queue_group_ready_idx ON pgfifo.queue_group (queue, priority DESC, slot)
+    WHERE ready_at IS NOT NULL;
+
+-- Groups that an enqueuer found missing or idle, to be made active by a
+-- runner (pgfifo.promote) once the enqueuing transaction has committed.
+-- Insert-only for enqueuers, no unique key: an insert never waits.
+CREATE TABLE pgfifo.group_wake (
+    queue    text NOT NULL,
+    group_id text NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0,
+        autovacuum_vacuum_threshold = 200);
 
 -- One row per started attempt, written in autocommit by the runner before the
 -- handler starts, outside the job's transaction: attempts count even when the
@@ -105,16 +127,19 @@ END;
 -- holds it).
 --
 -- Locking contract. The enqueuer takes the shared advisory lock of every group
--- it writes to and keeps it until its transaction ends. advance_head takes the
--- exclusive lock before it declares a group idle, so it either sees this
--- transaction's jobs (it waited for the commit) or ran first, in which case the
--- statements below see head_id IS NULL and make the first new job the head.
--- Enqueuers never wait for a running job: they only lock a queue_group row when
--- they create it or when it is idle (head_id IS NULL), and no runner holds an
--- idle group.
+-- it writes to and keeps it until its transaction ends. It never writes a
+-- queue_group row: for a group that is missing or idle (no head) it appends a
+-- row to pgfifo.group_wake, and a runner makes the group active after this
+-- transaction commits (promote). A group that is active needs nothing: its
+-- runner finds the new job when it advances the head. The one race, a runner
+-- declaring the group idle while this transaction is open, is closed by the
+-- advisory lock: advance_head takes it exclusively before declaring a group
+-- idle, so it waits for this commit and sees the job, or it ran first, and the
+-- statement below that looks for active groups sees the group idle.
 --
--- Needs READ COMMITTED: each statement below must see commits that happened
--- while it waited for a lock.
+-- Enqueue waits for nothing but that exclusive lock, held by a runner for the
+-- moment of its commit. Needs READ COMMITTED: each statement must see commits
+-- that happened while it waited.
 CREATE FUNCTION pgfifo.enqueue(
     p_queue        text[],
     p_group        text[],
@@ -192,32 +217,70 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- Groups that gain their first unfinished job get it as head: new groups
-    -- here, idle ones in the UPDATE. Sorted, so concurrent batches lock group
-    -- rows in one order.
-    INSERT INTO pgfifo.queue_group (queue, group_id, head_id, priority, ready_at)
-    SELECT DISTINCT ON (t.q, t.g) t.q, t.g, t.id, t.pr, pgfifo.run_after(t.at, t.dl)
-    FROM unnest(v_ids, p_queue, p_group, p_priority, p_run_at_us, p_delay_us, v_created)
-         AS t(id, q, g, pr, at, dl, created)
+    -- Groups that are missing or idle must be made active once this commits.
+    INSERT INTO pgfifo.group_wake (queue, group_id)
+    SELECT DISTINCT t.q, t.g
+    FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
     WHERE t.g IS NOT NULL AND t.created
-    ORDER BY t.q, t.g, t.id
-    ON CONFLICT (queue, group_id) DO NOTHING;
+      AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                      WHERE qg.queue = t.q AND qg.group_id = t.g AND qg.ready_at IS NOT NULL);
 
-    UPDATE pgfifo.queue_group AS qg
-    SET head_id = n.id, priority = n.pr, ready_at = n.ready_at
-    FROM (SELECT DISTINCT ON (t.q, t.g) t.q, t.g, t.id, t.pr, pgfifo.run_after(t.at, t.dl) AS ready_at
-          FROM unnest(v_ids, p_queue, p_group, p_priority, p_run_at_us, p_delay_us, v_created)
-               AS t(id, q, g, pr, at, dl, created)
-          WHERE t.g IS NOT NULL AND t.created
-          ORDER BY t.q, t.g, t.id) AS n
-    WHERE qg.queue = n.q AND qg.group_id = n.g AND qg.head_id IS NULL;
-
-    -- Wake idle runners at commit, once per queue. Busy groups need no wake-up:
-    -- their runner advances the head itself.
-    PERFORM pg_notify('pgfifo', q)
-    FROM (SELECT DISTINCT t.q FROM unnest(p_queue, v_created) AS t(q, created) WHERE t.created) AS s;
+    -- Wake runners at commit, once per queue that has a woken group or a new
+    -- ungrouped job. Active groups need no wake-up: their runner advances.
+    PERFORM pg_notify('pgfifo', s.q)
+    FROM (SELECT DISTINCT t.q FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
+          WHERE t.created AND (t.g IS NULL OR EXISTS (
+              SELECT 1 FROM pgfifo.group_wake AS w WHERE w.queue = t.q AND w.group_id = t.g))) AS s;
 
     RETURN QUERY SELECT unnest(v_out);
+END
+$$;
+
+-- Makes groups woken by enqueuers active: creates missing group rows and sets
+-- the head of idle ones. Runs in its own short transaction on a runner's
+-- connection (never in a job's transaction, whose locks last for the job).
+-- Returns how many groups became active.
+--
+-- A wake row becomes visible with the commit of its enqueuer, so the jobs are
+-- visible too. Group rows that a runner holds are active, so the UPDATE below
+-- (head_id IS NULL) never waits for a running job; it may wait for another
+-- promote of the same group, which is short. Groups are handled in sorted
+-- order so two promotes never deadlock. The commit does not wait for the WAL
+-- flush: if the server crashes, the wake rows come back with the promotion.
+CREATE FUNCTION pgfifo.promote(p_queues text[], p_limit integer) RETURNS integer
+LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    v_wake   record;
+    v_active integer := 0;
+    v_rows   integer;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    FOR v_wake IN
+        WITH taken AS (
+            DELETE FROM pgfifo.group_wake
+            WHERE ctid = ANY (ARRAY(SELECT ctid FROM pgfifo.group_wake
+                                    WHERE queue = ANY (p_queues)
+                                    LIMIT p_limit FOR UPDATE SKIP LOCKED))
+            RETURNING queue, group_id)
+        SELECT DISTINCT queue, group_id FROM taken ORDER BY 1, 2
+    LOOP
+        INSERT INTO pgfifo.queue_group (queue, group_id, slot)
+        VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_lock_key(v_wake.queue, v_wake.group_id))
+        ON CONFLICT (queue, group_id) DO NOTHING;
+        UPDATE pgfifo.queue_group AS g
+        SET head_id = n.id, priority = n.priority, ready_at = n.run_after
+        FROM (SELECT id, priority, run_after FROM pgfifo.job
+              WHERE queue = v_wake.queue AND group_id = v_wake.group_id AND state = 'queued'
+              ORDER BY id LIMIT 1) AS n
+        WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id AND g.head_id IS NULL;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_active := v_active + v_rows;
+    END LOOP;
+    RETURN v_active;
 END
 $$;
 
@@ -228,11 +291,20 @@ $$;
 -- the group idle it takes the group's exclusive advisory lock, which waits for
 -- enqueuers still inside their transactions, and looks again with a fresh
 -- snapshot: a job committed by then is seen; an enqueuer that comes later
--- waits for this transaction and then finds head_id IS NULL.
+-- waits for this transaction, then finds the group idle and wakes it.
+--
+-- In the common case (the next head is ready now, same priority) only head_id
+-- changes, which makes the update a HOT update (see queue_group).
 CREATE FUNCTION pgfifo.advance_head(p_queue text, p_group text, p_done bigint) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Index-driven whatever the statistics (see pick).
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     v_next record;
+    v_now  timestamptz := clock_timestamp();
 BEGIN
     SELECT id, priority, run_after INTO v_next FROM pgfifo.job
     WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
@@ -243,63 +315,147 @@ BEGIN
         WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
         ORDER BY id LIMIT 1;
     END IF;
-    UPDATE pgfifo.queue_group
-    SET head_id = v_next.id, priority = coalesce(v_next.priority, 0), ready_at = v_next.run_after
-    WHERE queue = p_queue AND group_id = p_group;
+    IF v_next.id IS NULL THEN
+        UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL
+        WHERE queue = p_queue AND group_id = p_group;
+    ELSE
+        UPDATE pgfifo.queue_group
+        SET head_id  = v_next.id,
+            priority = v_next.priority,
+            ready_at = CASE WHEN v_next.run_after <= v_now AND ready_at <= v_now
+                            THEN ready_at ELSE v_next.run_after END
+        WHERE queue = p_queue AND group_id = p_group;
+    END IF;
 END
 $$;
 
+-- Bounds, for the rest of the current transaction, how long the session may
+-- sit idle inside it, and turns on TCP keepalives (see pick).
+CREATE FUNCTION pgfifo.bound_idle(p_kind text, p_kinds text[], p_idle_ms integer[], p_default_idle_ms integer)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT set_config('idle_in_transaction_session_timeout',
+                      coalesce(p_idle_ms[array_position(p_kinds, p_kind)], p_default_idle_ms)::text, true),
+           set_config('tcp_keepalives_idle', '10', true),
+           set_config('tcp_keepalives_interval', '5', true),
+           set_config('tcp_keepalives_count', '3', true)
+$$;
+
 -- Picks one job to run and locks it. Called as the first statement of the
--- runner's job transaction T.
+-- runner's job transaction T, after BEGIN.
 --
 -- Locking contract: when a row is returned, T holds
 --   * FOR UPDATE on the job's queue_group row (grouped jobs): no other runner
 --     can pick any job of the group until T ends;
 --   * FOR UPDATE on the job row;
 -- until T commits (outcome written) or aborts (crash, lost connection,
--- shutdown): then the job is still the group's head and runs again.
+-- shutdown, idle timeout): then the job is still the group's head and runs
+-- again.
 --
 -- The group row is locked first, SKIP LOCKED. Under READ COMMITTED, locking
 -- re-reads the newest committed version of the row, so head_id is the head as
 -- of the moment the lock was taken, even if the statement's snapshot is older.
 -- The job row is then read and locked in a separate statement, whose snapshot
--- is taken after the group lock was acquired. Reading the head from the job
+-- is taken after the group lock was granted. Reading the head from the job
 -- table in the same statement as the group lock would use a snapshot that can
 -- predate the commit of the job that freed the group, and run it twice.
 --
+-- Which group: the highest priority first; within a priority, the first free
+-- ready group at or after a random slot, wrapping around. Every group with
+-- work is served, none can keep the workers to itself, and concurrent pickers
+-- start at different places instead of all fighting over the first rows.
 -- p_turn rotates the starting queue and alternates between grouped and
 -- ungrouped jobs so neither starves.
-CREATE FUNCTION pgfifo.pick(p_queues text[], p_turn integer)
+--
+-- A worker that stops without closing its connection (frozen by SIGSTOP, a
+-- stalled VM) would hold its group forever. pick therefore bounds how long T
+-- may sit idle: p_idle_ms[i] for jobs of kind p_kinds[i], p_default_idle_ms
+-- for others (the runner passes each type's timeout plus a grace). Past it,
+-- the server ends the session, T aborts and the group is free. TCP keepalives
+-- do the same for a peer that vanished from the network.
+CREATE FUNCTION pgfifo.pick(
+    p_queues          text[],
+    p_turn            integer,
+    p_kinds           text[],
+    p_idle_ms         integer[],
+    p_default_idle_ms integer
+)
 RETURNS SETOF pgfifo.job
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- The plans must not depend on statistics (a fresh queue has none): without
+-- these, the planner may read every group of the queue through the primary
+-- key and sort them, instead of walking the ready index to the first free row.
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
 DECLARE
-    v_n     integer := cardinality(p_queues);
-    v_q     text;
-    v_group record;
-    v_job   pgfifo.job;
-    v_now   timestamptz := statement_timestamp();
+    v_n       integer := cardinality(p_queues);
+    v_turn    integer := p_turn & 2147483647;
+    v_q       text;
+    v_group   record;
+    v_job     pgfifo.job;
+    v_now     timestamptz := statement_timestamp();
+    v_slot    integer := (random() * 4294967295 - 2147483648)::bigint::integer;
+    v_bound   integer;
+    v_prio    smallint;
 BEGIN
+    -- Locks taken here must outlive this statement. In autocommit they would
+    -- be released at once, and the caller would run a job it does not hold.
+    -- The first statement of a transaction has statement_timestamp() equal to
+    -- transaction_timestamp(); after an explicit BEGIN they differ.
+    IF statement_timestamp() = transaction_timestamp() THEN
+        RAISE EXCEPTION 'pgfifo.pick must run inside a transaction block (after BEGIN)';
+    END IF;
     FOR v_i IN 0 .. coalesce(v_n, 0) - 1 LOOP
-        v_q := p_queues[1 + (abs(p_turn) + v_i) % v_n];
+        v_q := p_queues[1 + (v_turn + v_i) % v_n];
         FOR v_kind IN 0 .. 1 LOOP
-            IF (v_kind + p_turn) % 2 = 0 THEN
-                SELECT queue, group_id, head_id INTO v_group FROM pgfifo.queue_group
-                WHERE queue = v_q AND head_id IS NOT NULL AND ready_at <= v_now
-                ORDER BY priority DESC, ready_at, head_id
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED;
-                IF FOUND THEN
-                    SELECT * INTO v_job FROM pgfifo.job
-                    WHERE id = v_group.head_id AND state = 'queued'
-                    FOR UPDATE;
+            IF (v_kind + v_turn) % 2 = 0 THEN
+                v_bound := 32768;
+                LOOP
+                    -- The next priority level that has active groups.
+                    SELECT priority INTO v_prio FROM pgfifo.queue_group
+                    WHERE queue = v_q AND ready_at IS NOT NULL AND priority < v_bound
+                    ORDER BY priority DESC LIMIT 1;
+                    EXIT WHEN NOT FOUND;
+                    SELECT queue, group_id, head_id INTO v_group FROM pgfifo.queue_group
+                    WHERE queue = v_q AND ready_at IS NOT NULL AND priority = v_prio
+                      AND slot >= v_slot AND ready_at <= v_now
+                    ORDER BY slot LIMIT 1
+                    FOR UPDATE SKIP LOCKED;
+                    IF NOT FOUND THEN
+                        SELECT queue, group_id, head_id INTO v_group FROM pgfifo.queue_group
+                        WHERE queue = v_q AND ready_at IS NOT NULL AND priority = v_prio
+                          AND slot < v_slot AND ready_at <= v_now
+                        ORDER BY slot LIMIT 1
+                        FOR UPDATE SKIP LOCKED;
+                    END IF;
                     IF FOUND THEN
+                        SELECT * INTO v_job FROM pgfifo.job
+                        WHERE id = v_group.head_id AND state = 'queued'
+                        FOR UPDATE;
+                        IF NOT FOUND THEN
+                            -- The head was finished or deleted out of band.
+                            -- Repair the pointer; the row stays locked until T
+                            -- ends, so run this group's new head or nothing (the
+                            -- caller commits an empty pick, keeping the repair).
+                            PERFORM pgfifo.advance_head(v_group.queue, v_group.group_id, v_group.head_id);
+                            SELECT j.* INTO v_job
+                            FROM pgfifo.queue_group AS g
+                            JOIN pgfifo.job AS j ON j.id = g.head_id
+                            WHERE g.queue = v_group.queue AND g.group_id = v_group.group_id
+                              AND g.ready_at <= v_now AND j.state = 'queued'
+                            FOR UPDATE OF j;
+                            IF NOT FOUND THEN
+                                RETURN;
+                            END IF;
+                        END IF;
+                        PERFORM pgfifo.bound_idle(v_job.kind, p_kinds, p_idle_ms, p_default_idle_ms);
                         RETURN NEXT v_job;
                         RETURN;
                     END IF;
-                    -- The head was finished or deleted out of band: repair the
-                    -- pointer; the group is picked on a later call.
-                    PERFORM pgfifo.advance_head(v_group.queue, v_group.group_id, v_group.head_id);
-                END IF;
+                    v_bound := v_prio;
+                END LOOP;
             ELSE
                 SELECT * INTO v_job FROM pgfifo.job
                 WHERE queue = v_q AND group_id IS NULL AND state = 'queued' AND run_after <= v_now
@@ -307,6 +463,7 @@ BEGIN
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED;
                 IF FOUND THEN
+                    PERFORM pgfifo.bound_idle(v_job.kind, p_kinds, p_idle_ms, p_default_idle_ms);
                     RETURN NEXT v_job;
                     RETURN;
                 END IF;
@@ -321,15 +478,25 @@ $$;
 -- attempts left; a job missing from the result has used them all (earlier
 -- attempts were interrupted) and must be marked failed. The caller holds each
 -- job's locks, so no one else records attempts of these jobs concurrently.
+--
+-- The commit does not wait for the WAL flush (synchronous_commit is off for
+-- this transaction only): the record is visible at once and durable within
+-- the WAL writer's delay. A crash of the runner's process loses nothing; a
+-- crash of the server can lose the newest records, giving those jobs one
+-- extra attempt.
 CREATE FUNCTION pgfifo.start_attempts(p_ids bigint[], p_max integer[], p_runner text)
 RETURNS TABLE (job_id bigint, attempt integer)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY
     INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner)
     SELECT t.id, coalesce(m.n, 0) + 1, p_runner
     FROM unnest(p_ids, p_max) AS t(id, max_attempts)
     CROSS JOIN LATERAL (SELECT max(x.attempt) AS n FROM pgfifo.job_attempt x WHERE x.job_id = t.id) AS m
     WHERE coalesce(m.n, 0) < t.max_attempts
-    RETURNING a.job_id, a.attempt
+    RETURNING a.job_id, a.attempt;
+END
 $$;
 
 -- Writes the outcome of an attempt, in the job's transaction, just before it

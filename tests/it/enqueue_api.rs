@@ -1,1 +1,800 @@
-//! (to be written)
+//! The enqueue API: single and batch enqueue, the caller's transaction,
+//! unique keys, delays, priorities, per-job max attempts, and enqueueing into
+//! a busy group without waiting for it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use pgfifo::runner::{JobEvent, JobOutcome};
+use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, JobId, NewJob};
+use pgfifo_tests::{test_config, TestDb};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, Semaphore};
+
+/// A job of this module. It optionally waits for its gate to open, optionally
+/// fails, and otherwise logs `(job_id, tag)` to `enq_api_log` in its own
+/// transaction (so a log row means the job succeeded).
+#[derive(Job, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[job(queue = "enq_api", max_attempts = 4, timeout = "30s", backoff = "10ms")]
+pub struct EnqApiJob {
+    tag: String,
+    gate: Option<String>,
+    fail: bool,
+}
+
+const LOG_TABLE: &str =
+    "CREATE TABLE enq_api_log (n bigserial PRIMARY KEY, job_id bigint NOT NULL, tag text NOT NULL)";
+
+#[async_trait]
+impl Handler for EnqApiJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        if let Some(name) = &self.gate {
+            gate(name).acquire_owned().await?.forget();
+        }
+        if self.fail {
+            return Err(JobError::retry(format!("{} fails on purpose", self.tag)));
+        }
+        diesel::sql_query("INSERT INTO enq_api_log (job_id, tag) VALUES ($1, $2)")
+            .bind::<BigInt, _>(ctx.id())
+            .bind::<Text, _>(&self.tag)
+            .execute(ctx.conn())
+            .await?;
+        Ok(())
+    }
+}
+
+/// A named gate (closed until permits are added), shared by the test and the
+/// handlers of this binary. Names are unique per test.
+fn gate(name: &str) -> Arc<Semaphore> {
+    static GATES: OnceLock<Mutex<HashMap<String, Arc<Semaphore>>>> = OnceLock::new();
+    GATES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry(name.to_owned())
+        .or_insert_with(|| Arc::new(Semaphore::new(0)))
+        .clone()
+}
+
+fn job(tag: &str) -> EnqApiJob {
+    EnqApiJob {
+        tag: tag.to_owned(),
+        gate: None,
+        fail: false,
+    }
+}
+
+fn gated(tag: &str, gate: &str) -> EnqApiJob {
+    EnqApiJob {
+        gate: Some(gate.to_owned()),
+        ..job(tag)
+    }
+}
+
+fn failing(tag: &str) -> EnqApiJob {
+    EnqApiJob {
+        fail: true,
+        ..job(tag)
+    }
+}
+
+async fn setup() -> TestDb {
+    let db = TestDb::new().await;
+    db.exec(LOG_TABLE).await;
+    db
+}
+
+/// Waits for the event of `id` that ends its run (any outcome), skipping the
+/// events of other jobs.
+async fn next_event_of(
+    rx: &mut broadcast::Receiver<JobEvent>,
+    id: JobId,
+    limit: Duration,
+) -> JobEvent {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Ok(event)) if event.id == id => return event,
+            Ok(Ok(_)) => {}
+            Ok(Err(broadcast::error::RecvError::Lagged(n))) => panic!("missed {n} runner events"),
+            Ok(Err(broadcast::error::RecvError::Closed)) => {
+                panic!("the runner's event channel closed")
+            }
+            Err(_) => panic!("no event for job {id} within {limit:?}"),
+        }
+    }
+}
+
+async fn attempts_of(db: &TestDb, id: JobId) -> i64 {
+    db.scalar(&format!(
+        "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {id}"
+    ))
+    .await
+}
+
+async fn rows_of(db: &TestDb, id: JobId) -> i64 {
+    db.scalar(&format!("SELECT count(*) FROM pgfifo.job WHERE id = {id}"))
+        .await
+}
+
+/// `count(*)` of `pgfifo.job` rows with id `id`, seen from `conn` (which may be
+/// inside a transaction).
+async fn rows_seen_by(conn: &mut AsyncPgConnection, id: JobId) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let row: Row = diesel::sql_query("SELECT count(*) AS n FROM pgfifo.job WHERE id = $1")
+        .bind::<BigInt, _>(id)
+        .get_result(conn)
+        .await
+        .expect("count the job's rows");
+    row.n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_enqueue_stores_the_job() {
+    let db = setup().await;
+    let mut conn = db.conn().await;
+    let payload = job("single");
+    let id = payload.enqueue(&mut conn, "tenant-1").await.unwrap();
+    drop(conn);
+
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job").await, 1);
+    let where_id = format!("FROM pgfifo.job WHERE id = {id}");
+    assert_eq!(
+        db.text(&format!("SELECT queue {where_id}"))
+            .await
+            .as_deref(),
+        Some("enq_api")
+    );
+    assert_eq!(
+        db.text(&format!("SELECT group_id {where_id}"))
+            .await
+            .as_deref(),
+        Some("tenant-1")
+    );
+    assert_eq!(
+        db.text(&format!("SELECT kind {where_id}")).await.as_deref(),
+        Some("EnqApiJob")
+    );
+    assert_eq!(EnqApiJob::NAME, "EnqApiJob");
+    let stored: serde_json::Value = serde_json::from_str(
+        &db.text(&format!("SELECT payload {where_id}"))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stored, serde_json::to_value(&payload).unwrap());
+    assert_eq!(
+        serde_json::from_value::<EnqApiJob>(stored).unwrap(),
+        payload
+    );
+    assert_eq!(
+        db.scalar(&format!("SELECT max_attempts {where_id}")).await,
+        4
+    );
+    assert_eq!(db.scalar(&format!("SELECT priority {where_id}")).await, 0);
+    assert_eq!(db.scalar(&format!("SELECT attempts {where_id}")).await, 0);
+    assert_eq!(
+        db.text(&format!("SELECT state {where_id}"))
+            .await
+            .as_deref(),
+        Some("queued")
+    );
+    assert_eq!(
+        db.text(&format!("SELECT unique_key {where_id}")).await,
+        None
+    );
+    // Once a runner promotes the woken group, the job is its head.
+    db.exec("SELECT pgfifo.promote(ARRAY['enq_api'], 1000)")
+        .await;
+    assert_eq!(
+        db.scalar("SELECT head_id FROM pgfifo.queue_group WHERE queue = 'enq_api' AND group_id = 'tenant-1'")
+            .await,
+        id
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_batch_returns_ids_in_input_order() {
+    let db = setup().await;
+    let groups = ["b", "a", "c", "a", "b", "a", "c", "c", "b", "a"];
+    let jobs: Vec<NewJob> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| NewJob::new(&job(&format!("batch-{i}")), EnqueueOptions::group(*g)).unwrap())
+        .collect();
+    assert_eq!(jobs[3].queue_name(), "enq_api");
+    assert_eq!(jobs[3].group_name(), Some("a"));
+    let mut conn = db.conn().await;
+    assert_eq!(
+        pgfifo::enqueue_batch(&mut conn, Vec::new()).await.unwrap(),
+        Vec::<JobId>::new()
+    );
+    let ids = pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
+    drop(conn);
+
+    assert_eq!(ids.len(), groups.len());
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids increase in input order: {ids:?}"
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.job").await,
+        groups.len() as i64
+    );
+    for (i, (id, group)) in ids.iter().zip(groups).enumerate() {
+        let tag = db
+            .text(&format!(
+                "SELECT payload->>'tag' FROM pgfifo.job WHERE id = {id}"
+            ))
+            .await;
+        assert_eq!(tag, Some(format!("batch-{i}")), "id {id} is input {i}");
+        let stored_group = db
+            .text(&format!("SELECT group_id FROM pgfifo.job WHERE id = {id}"))
+            .await;
+        assert_eq!(stored_group.as_deref(), Some(group));
+    }
+    // Each group's head, once promoted, is its first job in input order.
+    db.exec("SELECT pgfifo.promote(ARRAY['enq_api'], 1000)")
+        .await;
+    for group in ["a", "b", "c"] {
+        let first = groups.iter().position(|g| *g == group).unwrap();
+        let head = db
+            .scalar(&format!(
+                "SELECT head_id FROM pgfifo.queue_group WHERE queue = 'enq_api' AND group_id = '{group}'"
+            ))
+            .await;
+        assert_eq!(head, ids[first], "head of group {group}");
+    }
+
+    // And they run in that order within each group.
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
+        .await
+        .unwrap();
+    db.wait_for(
+        "SELECT count(*) FROM enq_api_log",
+        groups.len() as i64,
+        Duration::from_secs(30),
+    )
+    .await;
+    runner.shutdown().await.unwrap();
+    let disorder = db
+        .scalar(
+            "SELECT count(*) FROM (
+                SELECT j.group_id, l.job_id, lag(l.job_id) OVER (PARTITION BY j.group_id ORDER BY l.n) AS prev
+                FROM enq_api_log l JOIN pgfifo.job j ON j.id = l.job_id) s
+             WHERE prev > job_id",
+        )
+        .await;
+    assert_eq!(disorder, 0, "jobs of a group ran in id (input) order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_in_a_transaction_runs_only_after_commit() {
+    let db = setup().await;
+    // One worker: if the uncommitted job were visible, it would be picked
+    // before the probe enqueued after it (same priority, older ready time).
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
+        .await
+        .unwrap();
+    let mut events = runner.subscribe();
+    let mut other = db.conn().await;
+    let mut conn = db.conn().await;
+
+    let id = conn
+        .transaction::<_, pgfifo::Error, _>(async |c| {
+            let id = job("in-tx").enqueue(c, "tx-group").await?;
+            assert_eq!(
+                rows_seen_by(c, id).await,
+                1,
+                "the enqueuing transaction sees its job"
+            );
+            assert_eq!(
+                rows_of(&db, id).await,
+                0,
+                "another connection does not see it"
+            );
+
+            let probe = job("probe").enqueue(&mut other, "probe-group").await?;
+            let event = next_event_of(&mut events, probe, Duration::from_secs(10)).await;
+            assert_eq!(event.outcome, JobOutcome::Succeeded);
+            assert_eq!(
+                attempts_of(&db, id).await,
+                0,
+                "the runner did not start the uncommitted job"
+            );
+            assert_eq!(rows_of(&db, id).await, 0);
+            Ok(id)
+        })
+        .await
+        .unwrap();
+
+    assert_eq!(rows_of(&db, id).await, 1, "visible once committed");
+    let event = next_event_of(&mut events, id, Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+    assert_eq!(event.group.as_deref(), Some("tx-group"));
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT count(*) FROM enq_api_log WHERE job_id = {id}"
+        ))
+        .await,
+        1
+    );
+    runner.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_in_a_rolled_back_transaction_vanishes() {
+    let db = setup().await;
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
+        .await
+        .unwrap();
+    let mut events = runner.subscribe();
+    let mut other = db.conn().await;
+    let mut conn = db.conn().await;
+
+    let mut rolled_back = Vec::new();
+    let result = conn
+        .transaction::<(), pgfifo::Error, _>(async |c| {
+            let first = job("rolled-back-1").enqueue(c, "rb-group").await?;
+            let second = job("rolled-back-2").enqueue(c, "rb-group").await?;
+            rolled_back = vec![first, second];
+            assert_eq!(rows_seen_by(c, first).await, 1);
+            assert_eq!(
+                rows_of(&db, first).await,
+                0,
+                "another connection does not see it"
+            );
+
+            let probe = job("probe-1").enqueue(&mut other, "probe-group").await?;
+            let event = next_event_of(&mut events, probe, Duration::from_secs(10)).await;
+            assert_eq!(event.outcome, JobOutcome::Succeeded);
+            assert_eq!(
+                attempts_of(&db, first).await,
+                0,
+                "the runner did not start the uncommitted job"
+            );
+            Err(pgfifo::Error::Database(
+                diesel::result::Error::RollbackTransaction,
+            ))
+        })
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(pgfifo::Error::Database(
+                diesel::result::Error::RollbackTransaction
+            ))
+        ),
+        "{result:?}"
+    );
+    assert_eq!(rolled_back.len(), 2);
+
+    for id in &rolled_back {
+        assert_eq!(
+            rows_of(&db, *id).await,
+            0,
+            "job {id} vanished with the rollback"
+        );
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.queue_group WHERE group_id = 'rb-group' AND head_id IS NOT NULL")
+            .await,
+        0,
+        "no group head left pointing at a rolled-back job"
+    );
+
+    // The group is usable: a committed job in it runs, and the rolled-back
+    // jobs never do.
+    let after = job("after-rollback")
+        .enqueue(&mut other, "rb-group")
+        .await
+        .unwrap();
+    let event = next_event_of(&mut events, after, Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+    runner.shutdown().await.unwrap();
+    for id in &rolled_back {
+        assert_eq!(attempts_of(&db, *id).await, 0, "job {id} never started");
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM enq_api_log WHERE tag LIKE 'rolled-back%'")
+            .await,
+        0
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM enq_api_log").await,
+        2,
+        "the probe and the later job ran"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_key_returns_the_unfinished_job() {
+    let db = setup().await;
+    let mut conn = db.conn().await;
+    let opts = || EnqueueOptions::group("u").unique_key("invoice-7");
+
+    let first = job("first").enqueue_with(&mut conn, opts()).await.unwrap();
+    let dup = job("dup").enqueue_with(&mut conn, opts()).await.unwrap();
+    assert_eq!(dup, first, "same key while queued: same id");
+    // Another group of the same queue: the key is per queue.
+    let dup_other_group = job("dup2")
+        .enqueue_with(
+            &mut conn,
+            EnqueueOptions::group("v").unique_key("invoice-7"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dup_other_group, first);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.job").await,
+        1,
+        "nothing inserted"
+    );
+    assert_eq!(
+        db.text(&format!(
+            "SELECT payload->>'tag' FROM pgfifo.job WHERE id = {first}"
+        ))
+        .await
+        .as_deref(),
+        Some("first"),
+        "the first payload is kept"
+    );
+    // The same key in another queue is another job.
+    let other_queue = job("other-queue")
+        .enqueue_with(&mut conn, opts().queue("enq_api_other"))
+        .await
+        .unwrap();
+    assert_ne!(other_queue, first);
+    // Duplicates inside one batch collapse too.
+    let batch = pgfifo::enqueue_batch(
+        &mut conn,
+        [
+            NewJob::new(
+                &job("batch-a"),
+                EnqueueOptions::group("w").unique_key("k-batch"),
+            )
+            .unwrap(),
+            NewJob::new(
+                &job("batch-b"),
+                EnqueueOptions::group("w").unique_key("k-batch"),
+            )
+            .unwrap(),
+            NewJob::new(&job("batch-c"), opts()).unwrap(),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(batch[0], batch[1], "{batch:?}");
+    assert_eq!(batch[2], first);
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job").await, 3);
+
+    // While the job is running it is still unfinished.
+    db.exec(&format!("UPDATE pgfifo.job SET payload = jsonb_set(payload, '{{gate}}', '\"enq_api_unique\"') WHERE id = {first}"))
+        .await;
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
+        .await
+        .unwrap();
+    let mut events = runner.subscribe();
+    db.wait_for(
+        &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {first}"),
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+    let while_running = tokio::time::timeout(
+        Duration::from_secs(5),
+        job("dup3").enqueue_with(&mut conn, opts()),
+    )
+    .await
+    .expect("enqueue with the key of a running job does not block")
+    .unwrap();
+    assert_eq!(while_running, first, "same key while running: same id");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.job WHERE queue = 'enq_api'")
+            .await,
+        2
+    );
+
+    gate("enq_api_unique").add_permits(1);
+    let event = next_event_of(&mut events, first, Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+
+    // Finished: the key is free again.
+    let next = job("next").enqueue_with(&mut conn, opts()).await.unwrap();
+    assert_ne!(next, first);
+    assert!(next > first);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.job WHERE queue = 'enq_api'")
+            .await,
+        3
+    );
+    let event = next_event_of(&mut events, next, Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+    runner.shutdown().await.unwrap();
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.job WHERE unique_key = 'invoice-7' AND queue = 'enq_api' AND state = 'succeeded'")
+            .await,
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_in_delays_the_start_and_holds_the_group() {
+    let db = setup().await;
+    let mut conn = db.conn().await;
+    let delayed = job("delayed")
+        .enqueue_with(
+            &mut conn,
+            EnqueueOptions::group("d").run_in(Duration::from_millis(1500)),
+        )
+        .await
+        .unwrap();
+    let follower = job("follower").enqueue(&mut conn, "d").await.unwrap();
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
+        .await
+        .unwrap();
+    let mut events = runner.subscribe();
+    let probe = job("probe").enqueue(&mut conn, "p").await.unwrap();
+    let event = next_event_of(&mut events, probe, Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+
+    // The runner is working, the delay has not passed: neither job of group d started.
+    assert_eq!(
+        attempts_of(&db, delayed).await,
+        0,
+        "the delayed job did not start early"
+    );
+    assert_eq!(
+        attempts_of(&db, follower).await,
+        0,
+        "the follower waits behind the delayed head"
+    );
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT (clock_timestamp() < run_after)::int FROM pgfifo.job WHERE id = {delayed}"
+        ))
+        .await,
+        1,
+        "the checks above ran before the delay passed (machine too slow?)"
+    );
+
+    let event = next_event_of(&mut events, delayed, Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+    let event = next_event_of(&mut events, follower, Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+    runner.shutdown().await.unwrap();
+
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT (extract(epoch FROM run_after - created_at) * 1000)::bigint FROM pgfifo.job WHERE id = {delayed}"
+        ))
+        .await,
+        1500,
+        "run_after is the delay after the enqueue"
+    );
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT count(*) FROM pgfifo.job_attempt a JOIN pgfifo.job j ON j.id = a.job_id
+             WHERE j.id = {delayed} AND a.started_at >= j.run_after"
+        ))
+        .await,
+        1,
+        "the delayed job started after its run_after"
+    );
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT count(*) FROM pgfifo.job_attempt a, pgfifo.job d
+             WHERE a.job_id = {follower} AND d.id = {delayed} AND a.started_at >= d.finished_at"
+        ))
+        .await,
+        1,
+        "the follower started after the delayed head finished"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_picks_the_group_not_the_order_inside_it() {
+    let db = setup().await;
+    let with = |tag: &str, group: &str, priority: i16| {
+        NewJob::new(&job(tag), EnqueueOptions::group(group).priority(priority)).unwrap()
+    };
+    let mut conn = db.conn().await;
+    // Enqueue order (= id order): a1 a2 b1 c1.
+    let ids = pgfifo::enqueue_batch(
+        &mut conn,
+        [
+            with("a1", "a", 0),
+            with("a2", "a", 100),
+            with("b1", "b", 5),
+            with("c1", "c", 1),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT priority FROM pgfifo.job WHERE id = {}",
+            ids[1]
+        ))
+        .await,
+        100
+    );
+    drop(conn);
+
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
+        .await
+        .unwrap();
+    db.wait_for(
+        "SELECT count(*) FROM enq_api_log",
+        4,
+        Duration::from_secs(20),
+    )
+    .await;
+    runner.shutdown().await.unwrap();
+
+    let order = db
+        .text("SELECT string_agg(tag, ',' ORDER BY n) FROM enq_api_log")
+        .await;
+    // b (5) then c (1) then a (0); a2's priority 100 does not let it pass a1.
+    assert_eq!(order.as_deref(), Some("b1,c1,a1,a2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_attempts_option_overrides_the_type_default() {
+    let db = setup().await;
+    let mut conn = db.conn().await;
+    let default = failing("default").enqueue(&mut conn, "m1").await.unwrap();
+    let overridden = failing("overridden")
+        .enqueue_with(&mut conn, EnqueueOptions::group("m2").max_attempts(2))
+        .await
+        .unwrap();
+    let batch = pgfifo::enqueue_batch(
+        &mut conn,
+        [NewJob::new(&job("batch"), EnqueueOptions::group("m3").max_attempts(9)).unwrap()],
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    let max_of = |id: JobId| format!("SELECT max_attempts FROM pgfifo.job WHERE id = {id}");
+    assert_eq!(
+        db.scalar(&max_of(default)).await,
+        i64::from(EnqApiJob::MAX_ATTEMPTS)
+    );
+    assert_eq!(db.scalar(&max_of(default)).await, 4);
+    assert_eq!(db.scalar(&max_of(overridden)).await, 2);
+    assert_eq!(db.scalar(&max_of(batch[0])).await, 9);
+
+    // The stored value is the one the runner obeys.
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
+        .await
+        .unwrap();
+    db.wait_for(
+        "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
+        3,
+        Duration::from_secs(20),
+    )
+    .await;
+    runner.shutdown().await.unwrap();
+    let state_of = |id: JobId| format!("SELECT state FROM pgfifo.job WHERE id = {id}");
+    assert_eq!(
+        db.text(&state_of(overridden)).await.as_deref(),
+        Some("failed")
+    );
+    assert_eq!(attempts_of(&db, overridden).await, 2);
+    assert_eq!(db.text(&state_of(default)).await.as_deref(), Some("failed"));
+    assert_eq!(attempts_of(&db, default).await, 4);
+    assert_eq!(
+        db.text(&state_of(batch[0])).await.as_deref(),
+        Some("succeeded")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_into_a_running_group_does_not_block() {
+    let db = setup().await;
+    let gate_name = "enq_api_running_group";
+    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
+        .await
+        .unwrap();
+    let mut events = runner.subscribe();
+    let mut conn = db.conn().await;
+    let running = gated("running", gate_name)
+        .enqueue(&mut conn, "busy")
+        .await
+        .unwrap();
+    db.wait_for(
+        &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {running}"),
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+
+    // The runner holds the group's locks now; enqueueing into it must not wait.
+    let started = Instant::now();
+    let next = tokio::time::timeout(
+        Duration::from_secs(3),
+        job("next").enqueue(&mut conn, "busy"),
+    )
+    .await
+    .expect("enqueue into a group with a running job blocked")
+    .unwrap();
+    let batch = tokio::time::timeout(
+        Duration::from_secs(3),
+        pgfifo::enqueue_batch(
+            &mut conn,
+            [
+                NewJob::new(&job("batch-1"), EnqueueOptions::group("busy")).unwrap(),
+                NewJob::new(&job("batch-2"), EnqueueOptions::group("other")).unwrap(),
+            ],
+        ),
+    )
+    .await
+    .expect("batch enqueue into a group with a running job blocked")
+    .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "enqueues took {took:?}");
+
+    // The group still runs one job at a time: only the other group moves.
+    let event = next_event_of(&mut events, batch[1], Duration::from_secs(10)).await;
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+    assert_eq!(attempts_of(&db, next).await, 0);
+    assert_eq!(attempts_of(&db, batch[0]).await, 0);
+    assert_eq!(
+        db.text(&format!(
+            "SELECT state FROM pgfifo.job WHERE id = {running}"
+        ))
+        .await
+        .as_deref(),
+        Some("queued")
+    );
+
+    gate(gate_name).add_permits(1);
+    for id in [running, next, batch[0]] {
+        let event = next_event_of(&mut events, id, Duration::from_secs(10)).await;
+        assert_eq!(event.outcome, JobOutcome::Succeeded, "job {id}");
+    }
+    runner.shutdown().await.unwrap();
+    let order = db
+        .text("SELECT string_agg(tag, ',' ORDER BY n) FROM enq_api_log WHERE tag <> 'batch-2'")
+        .await;
+    assert_eq!(order.as_deref(), Some("running,next,batch-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_does_not_wait_for_another_open_enqueue_transaction() {
+    let db = setup().await;
+    let mut holder = db.conn().await;
+    // A connection of its own: if the enqueue below hangs, it is dropped mid-query.
+    let mut other = db.direct().await;
+    let result = holder
+        .transaction::<_, pgfifo::Error, _>(async |c| {
+            // The application's transaction enqueues into a new group and stays open.
+            job("first").enqueue(c, "shared").await?;
+            let started = Instant::now();
+            let second = tokio::time::timeout(
+                Duration::from_secs(3),
+                job("second").enqueue(&mut other, "shared"),
+            )
+            .await;
+            Ok((second, started.elapsed()))
+        })
+        .await
+        .unwrap();
+    let (second, took) = result;
+    let second = second.unwrap_or_else(|_| {
+        panic!("an autocommit enqueue into group `shared` waited {took:?} for another application transaction")
+    });
+    second.unwrap();
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.job WHERE group_id = 'shared'")
+            .await,
+        2
+    );
+}

@@ -23,7 +23,9 @@ impl Handler for LogJob {
             tokio::time::sleep(std::time::Duration::from_millis(self.sleep_ms)).await;
         }
         let ns = |t: std::time::SystemTime| {
-            t.duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos() as i64
+            t.duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_nanos() as i64
         };
         diesel::sql_query(
             "INSERT INTO test_log (grp, seq, job_id, attempt, started_ns, ended_ns) VALUES ($1, $2, $3, $4, $5, $6)",

@@ -1,1 +1,442 @@
-//! (to be written)
+//! Schema migrations on databases created here without the migrated
+//! template: apply, idempotence, status, rollback, re-apply, concurrent
+//! migrations, the runner's schema check, and the bookkeeping table living
+//! apart from the host application's.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use pgfifo::migrate::{self, MigrationStatus};
+use pgfifo::runner::JobOutcome;
+use pgfifo::{async_trait, Error, Handler, Job, JobContext, JobError};
+use pgfifo_tests::{server_url, test_config, url_for};
+use serde::{Deserialize, Serialize};
+
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(queue = "migrations", max_attempts = 2, timeout = "30s")]
+pub struct MigrationsJob {
+    n: i64,
+}
+
+#[async_trait]
+impl Handler for MigrationsJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        ctx.set_result(&self.n)?;
+        Ok(())
+    }
+}
+
+/// An empty database (from PostgreSQL's default template, not pgfifo's
+/// migrated one), dropped when the test passes and kept when it fails.
+struct FreshDb {
+    name: String,
+    url: String,
+}
+
+impl FreshDb {
+    async fn new() -> FreshDb {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        // The harness's naming scheme, so that databases of failed runs are swept.
+        let name = format!(
+            "pgfifo_test_{secs}_{}_mig{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = AsyncPgConnection::establish(&server_url())
+            .await
+            .expect("admin connection");
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .expect("create database");
+        let url = url_for(&server_url(), &name);
+        FreshDb { name, url }
+    }
+
+    async fn connect(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect to the fresh database")
+    }
+}
+
+impl Drop for FreshDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed: database {} kept for inspection", self.name);
+            return;
+        }
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut admin) = AsyncPgConnection::establish(&server_url()).await {
+                    let _ = admin
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn scalar(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = BigInt)]
+        v: i64,
+    }
+    let row: Row = diesel::sql_query(format!("SELECT ({sql})::bigint AS v"))
+        .get_result(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    row.v
+}
+
+async fn text(conn: &mut AsyncPgConnection, sql: &str) -> Option<String> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Nullable<Text>)]
+        v: Option<String>,
+    }
+    let row: Row = diesel::sql_query(format!("SELECT ({sql})::text AS v"))
+        .get_result(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    row.v
+}
+
+/// How many of pgfifo's tables, sequences and functions of version 1 exist.
+async fn schema_objects(conn: &mut AsyncPgConnection) -> i64 {
+    scalar(
+        conn,
+        "SELECT (to_regclass('pgfifo.job') IS NOT NULL)::int
+              + (to_regclass('pgfifo.queue_group') IS NOT NULL)::int
+              + (to_regclass('pgfifo.job_attempt') IS NOT NULL)::int
+              + (to_regclass('pgfifo.job_id_seq') IS NOT NULL)::int
+              + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                 WHERE n.nspname = 'pgfifo')",
+    )
+    .await
+}
+
+fn status_v1(applied: bool) -> Vec<MigrationStatus> {
+    vec![MigrationStatus {
+        version: 1,
+        name: "init".into(),
+        applied,
+    }]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_reversible_and_repeatable() {
+    let db = FreshDb::new().await;
+    let mut conn = db.connect().await;
+    assert_eq!(migrate::latest_version(), 1);
+    assert_eq!(
+        scalar(&mut conn, "(to_regclass('pgfifo.job') IS NULL)::int").await,
+        1
+    );
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(false));
+    assert!(
+        matches!(
+            migrate::check_current(&mut conn).await,
+            Err(Error::SchemaOutdated {
+                found: None,
+                needed: 1
+            })
+        ),
+        "an unmigrated database is outdated"
+    );
+
+    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        Vec::<i64>::new(),
+        "idempotent"
+    );
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(true));
+    migrate::check_current(&mut conn).await.unwrap();
+    assert_eq!(
+        scalar(&mut conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
+        1
+    );
+    let objects = schema_objects(&mut conn).await;
+    assert!(
+        objects >= 4 + 7,
+        "tables, sequence and functions exist: {objects}"
+    );
+
+    // Down: the tables and functions go, the bookkeeping table stays, empty.
+    assert_eq!(migrate::rollback(&mut conn, 1).await.unwrap(), vec![1]);
+    assert_eq!(
+        scalar(&mut conn, "(to_regclass('pgfifo.job') IS NULL)::int").await,
+        1
+    );
+    assert_eq!(
+        schema_objects(&mut conn).await,
+        0,
+        "everything of version 1 is gone"
+    );
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(false));
+    assert_eq!(
+        scalar(&mut conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
+        0
+    );
+    assert_eq!(
+        migrate::rollback(&mut conn, 1).await.unwrap(),
+        Vec::<i64>::new(),
+        "nothing left to revert"
+    );
+    assert!(matches!(
+        migrate::check_current(&mut conn).await,
+        Err(Error::SchemaOutdated {
+            found: None,
+            needed: 1
+        })
+    ));
+
+    // Up, down, up again.
+    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    assert_eq!(migrate::rollback(&mut conn, 5).await.unwrap(), vec![1]);
+    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    assert_eq!(
+        schema_objects(&mut conn).await,
+        objects,
+        "the same schema as the first time"
+    );
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(true));
+
+    // And it works: a job is enqueued and run.
+    let pool = pgfifo::connect(&db.url, 6).await.unwrap();
+    let id = MigrationsJob { n: 42 }
+        .enqueue(&mut conn, "g")
+        .await
+        .unwrap();
+    let runner = pgfifo::runner::start(pool.clone(), test_config().concurrency(2))
+        .await
+        .unwrap();
+    let mut events = runner.subscribe();
+    let event = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let event = events.recv().await.expect("runner events");
+            if event.id == id {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("the job ran");
+    assert_eq!(event.outcome, JobOutcome::Succeeded);
+    runner.shutdown().await.unwrap();
+    assert_eq!(
+        text(
+            &mut conn,
+            &format!("SELECT state || ':' || result::text FROM pgfifo.job WHERE id = {id}")
+        )
+        .await
+        .as_deref(),
+        Some("succeeded:42")
+    );
+    drop(pool);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_apply_once() {
+    let db = FreshDb::new().await;
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        conns.push(db.connect().await);
+    }
+    // Round 0 on a database without even the pgfifo schema; later rounds after
+    // a rollback.
+    for round in 0..3 {
+        let results =
+            futures_util::future::join_all(conns.iter_mut().map(migrate::migrate_conn)).await;
+        let applied: Vec<Vec<i64>> = results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|e| panic!("round {round}: a concurrent migrate failed: {e}"))
+            })
+            .collect();
+        assert_eq!(
+            applied.iter().filter(|a| **a == vec![1]).count(),
+            1,
+            "round {round}: exactly one call applied the migration: {applied:?}"
+        );
+        assert!(
+            applied.iter().all(|a| a.is_empty() || *a == vec![1]),
+            "{applied:?}"
+        );
+        let conn = &mut conns[0];
+        assert_eq!(
+            scalar(conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
+            1
+        );
+        assert_eq!(
+            scalar(
+                conn,
+                "SELECT count(*) FROM pgfifo.schema_migrations WHERE version = 1"
+            )
+            .await,
+            1
+        );
+        assert_eq!(migrate::status(conn).await.unwrap(), status_v1(true));
+        if round < 2 {
+            assert_eq!(migrate::rollback(conn, 1).await.unwrap(), vec![1]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_refuses_an_unmigrated_database() {
+    let db = FreshDb::new().await;
+    let pool = pgfifo::connect(&db.url, 4).await.unwrap();
+    let err = pgfifo::runner::start(pool.clone(), test_config())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SchemaOutdated {
+                found: None,
+                needed: 1
+            }
+        ),
+        "expected SchemaOutdated, got {err:?}"
+    );
+    let mut conn = db.connect().await;
+    assert_eq!(
+        scalar(
+            &mut conn,
+            "(SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfifo')"
+        )
+        .await,
+        0,
+        "starting a runner does not migrate silently"
+    );
+
+    // Migrated then rolled back: outdated again.
+    migrate::migrate(&pool).await.unwrap();
+    migrate::rollback(&mut conn, 1).await.unwrap();
+    let err = pgfifo::runner::start(pool.clone(), test_config())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SchemaOutdated {
+                found: None,
+                needed: 1
+            }
+        ),
+        "{err:?}"
+    );
+
+    // A schema newer than this library: refused by the runner and by migrate.
+    migrate::migrate(&pool).await.unwrap();
+    conn.batch_execute(
+        "INSERT INTO pgfifo.schema_migrations (version, name) VALUES (2, 'from_the_future')",
+    )
+    .await
+    .unwrap();
+    let err = pgfifo::runner::start(pool.clone(), test_config())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::SchemaTooNew(2)), "{err:?}");
+    let err = migrate::migrate_conn(&mut conn).await.unwrap_err();
+    assert!(matches!(err, Error::SchemaTooNew(2)), "{err:?}");
+    let status = migrate::status(&mut conn).await.unwrap();
+    assert_eq!(status.len(), 2, "{status:?}");
+    assert!(status.iter().all(|s| s.applied), "{status:?}");
+    drop(pool);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookkeeping_stays_apart_from_the_host_migrations() {
+    let db = FreshDb::new().await;
+    let mut conn = db.connect().await;
+    // The table diesel_migrations keeps for the host application.
+    conn.batch_execute(
+        "CREATE TABLE public.__diesel_schema_migrations (
+             version VARCHAR(50) PRIMARY KEY NOT NULL,
+             run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP);
+         INSERT INTO public.__diesel_schema_migrations (version, run_on) VALUES
+             ('00000000000000', '2024-01-01 00:00:00'),
+             ('20240315120000', '2024-03-15 12:00:00'),
+             ('20240401080000', '2024-04-01 08:00:00');",
+    )
+    .await
+    .unwrap();
+    let host_rows = "SELECT string_agg(version || '@' || run_on::text, ',' ORDER BY version) \
+                     FROM public.__diesel_schema_migrations";
+    let host_columns = "SELECT string_agg(column_name || ':' || data_type, ',' ORDER BY ordinal_position) \
+                        FROM information_schema.columns \
+                        WHERE table_schema = 'public' AND table_name = '__diesel_schema_migrations'";
+    let public_tables = "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE schemaname = 'public'";
+    let rows_before = text(&mut conn, host_rows).await;
+    let columns_before = text(&mut conn, host_columns).await;
+    assert_eq!(
+        text(&mut conn, public_tables).await.as_deref(),
+        Some("__diesel_schema_migrations")
+    );
+
+    let check_host = async |conn: &mut AsyncPgConnection| {
+        assert_eq!(
+            text(conn, host_rows).await,
+            rows_before,
+            "host migration rows untouched"
+        );
+        assert_eq!(
+            text(conn, host_columns).await,
+            columns_before,
+            "host migration table unchanged"
+        );
+        assert_eq!(
+            text(conn, public_tables).await.as_deref(),
+            Some("__diesel_schema_migrations"),
+            "pgfifo creates nothing in public"
+        );
+    };
+
+    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    check_host(&mut conn).await;
+    assert_eq!(
+        text(
+            &mut conn,
+            "SELECT string_agg(version || ':' || name, ',') FROM pgfifo.schema_migrations"
+        )
+        .await
+        .as_deref(),
+        Some("1:init"),
+        "pgfifo records its migrations in pgfifo.schema_migrations"
+    );
+    assert_eq!(
+        scalar(
+            &mut conn,
+            "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE '%schema_migrations'"
+        )
+        .await,
+        2,
+        "exactly the host's table and pgfifo's"
+    );
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        Vec::<i64>::new()
+    );
+    assert_eq!(migrate::rollback(&mut conn, 1).await.unwrap(), vec![1]);
+    check_host(&mut conn).await;
+    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    check_host(&mut conn).await;
+}

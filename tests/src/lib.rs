@@ -16,6 +16,8 @@ use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::{Pool, RunnerConfig};
 
+pub mod records;
+
 /// The server tests run against.
 pub fn server_url() -> String {
     std::env::var("DATABASE_URL")
@@ -68,11 +70,15 @@ impl TestDb {
         let name = unique_name();
         let mut admin = admin().await;
         admin
-            .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""))
+            .batch_execute(&format!(
+                "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+            ))
             .await
             .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
         let url = url_for(&server_url(), &name);
-        let pool = pgfifo::connect(&url, size).await.expect("connect to the test database");
+        let pool = pgfifo::connect(&url, size)
+            .await
+            .expect("connect to the test database");
         TestDb { name, url, pool }
     }
 
@@ -83,7 +89,9 @@ impl TestDb {
 
     /// A connection of its own (not from the pool).
     pub async fn direct(&self) -> AsyncPgConnection {
-        AsyncPgConnection::establish(&self.url).await.expect("connect")
+        AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect")
     }
 
     /// Runs `sql` and returns the single bigint it yields.
@@ -119,7 +127,9 @@ impl TestDb {
     /// Runs statements without results.
     pub async fn exec(&self, sql: &str) {
         let mut conn = self.conn().await;
-        conn.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        conn.batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     /// Waits until `sql` (a bigint) equals `expected`, polling; panics after `limit`.
@@ -178,7 +188,10 @@ async fn admin() -> AsyncPgConnection {
 
 fn unique_name() -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs();
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
     format!(
         "pgfifo_test_{secs}_{}_{}",
         std::process::id(),
@@ -197,34 +210,40 @@ async fn ensure_template() -> String {
     let template = format!("pgfifo_template_{:016x}", hasher.finish());
 
     #[derive(QueryableByName)]
-    struct Name {
-        #[diesel(sql_type = Text)]
-        datname: String,
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
     }
     let mut admin = admin().await;
     admin
         .batch_execute("SELECT pg_advisory_lock(1885824614, 1)")
         .await
         .expect("template lock");
-    let existing: Vec<Name> = diesel::sql_query("SELECT datname::text AS datname FROM pg_database WHERE datname = $1")
-        .bind::<Text, _>(&template)
-        .load(&mut admin)
-        .await
-        .expect("look for the template");
-    if existing.is_empty() {
+    let existing: Count =
+        diesel::sql_query("SELECT count(*) AS n FROM pg_database WHERE datname = $1")
+            .bind::<Text, _>(&template)
+            .get_result(&mut admin)
+            .await
+            .expect("look for the template");
+    if existing.n == 0 {
         sweep_stale(&mut admin).await;
         let building = format!("{template}_building");
         for sql in [
             format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)"),
             format!("CREATE DATABASE \"{building}\""),
         ] {
-            admin.batch_execute(&sql).await.expect("create the template database");
+            admin
+                .batch_execute(&sql)
+                .await
+                .expect("create the template database");
         }
         {
             let mut conn = AsyncPgConnection::establish(&url_for(&server_url(), &building))
                 .await
                 .expect("connect to the template");
-            pgfifo::migrate::migrate_conn(&mut conn).await.expect("migrate the template");
+            pgfifo::migrate::migrate_conn(&mut conn)
+                .await
+                .expect("migrate the template");
         }
         admin
             .batch_execute(&format!(
@@ -255,7 +274,10 @@ async fn sweep_stale(admin: &mut AsyncPgConnection) {
     .load(admin)
     .await
     .unwrap_or_default();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
     for Name { datname } in names {
         let stale = if let Some(rest) = datname.strip_prefix("pgfifo_test_") {
             rest.split('_')
@@ -267,10 +289,14 @@ async fn sweep_stale(admin: &mut AsyncPgConnection) {
         };
         if stale {
             let _ = admin
-                .batch_execute(&format!("ALTER DATABASE \"{datname}\" WITH IS_TEMPLATE false"))
+                .batch_execute(&format!(
+                    "ALTER DATABASE \"{datname}\" WITH IS_TEMPLATE false"
+                ))
                 .await;
             let _ = admin
-                .batch_execute(&format!("DROP DATABASE IF EXISTS \"{datname}\" WITH (FORCE)"))
+                .batch_execute(&format!(
+                    "DROP DATABASE IF EXISTS \"{datname}\" WITH (FORCE)"
+                ))
                 .await;
         }
     }
@@ -282,7 +308,10 @@ mod tests {
 
     #[test]
     fn replaces_the_database_name() {
-        assert_eq!(url_for("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
+        assert_eq!(
+            url_for("postgres://u@h:5432/postgres", "x"),
+            "postgres://u@h:5432/x"
+        );
         assert_eq!(url_for("postgres://u@h:5432", "x"), "postgres://u@h:5432/x");
         assert_eq!(
             url_for("postgres://u@h/db?sslmode=disable", "x"),

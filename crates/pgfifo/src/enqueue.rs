@@ -122,7 +122,9 @@ impl NewJob {
             .get(J::NAME)
             .filter(|r| (r.type_name)() == std::any::type_name::<J>())
             .ok_or_else(|| Error::UnknownJobType(J::NAME.to_owned()))?;
-        let queue = options.queue.unwrap_or_else(|| registration.queue.to_owned());
+        let queue = options
+            .queue
+            .unwrap_or_else(|| registration.queue.to_owned());
         validate_queue(&queue)?;
         if let Some(group) = &options.group {
             validate_group(group)?;
@@ -210,13 +212,23 @@ pub async fn enqueue_batch(
 
 pub(crate) fn validate_queue(queue: &str) -> Result<()> {
     name_problem(queue, MAX_QUEUE_LEN)
-        .map(|reason| Err(Error::InvalidQueue { name: queue.to_owned(), reason }))
+        .map(|reason| {
+            Err(Error::InvalidQueue {
+                name: queue.to_owned(),
+                reason,
+            })
+        })
         .unwrap_or(Ok(()))
 }
 
 pub(crate) fn validate_group(group: &str) -> Result<()> {
     name_problem(group, MAX_GROUP_LEN)
-        .map(|reason| Err(Error::InvalidGroup { name: truncated(group), reason }))
+        .map(|reason| {
+            Err(Error::InvalidGroup {
+                name: truncated(group),
+                reason,
+            })
+        })
         .unwrap_or(Ok(()))
 }
 
@@ -249,7 +261,8 @@ fn micros_since_epoch(at: SystemTime) -> Result<i64> {
         .duration_since(UNIX_EPOCH)
         .map_err(|_| Error::InvalidOption("run_at is before 1970".into()))?
         .as_micros();
-    i64::try_from(micros).map_err(|_| Error::InvalidOption("run_at is too far in the future".into()))
+    i64::try_from(micros)
+        .map_err(|_| Error::InvalidOption("run_at is too far in the future".into()))
 }
 
 #[cfg(test)]
@@ -259,13 +272,28 @@ mod tests {
     #[test]
     fn names_are_checked() {
         assert!(validate_queue("billing").is_ok());
-        assert!(matches!(validate_queue(""), Err(Error::InvalidQueue { .. })));
-        assert!(matches!(validate_queue(&"q".repeat(129)), Err(Error::InvalidQueue { .. })));
+        assert!(matches!(
+            validate_queue(""),
+            Err(Error::InvalidQueue { .. })
+        ));
+        assert!(matches!(
+            validate_queue(&"q".repeat(129)),
+            Err(Error::InvalidQueue { .. })
+        ));
         assert!(validate_queue(&"q".repeat(128)).is_ok());
-        assert!(matches!(validate_group(""), Err(Error::InvalidGroup { .. })));
-        assert!(matches!(validate_group("a\0b"), Err(Error::InvalidGroup { .. })));
+        assert!(matches!(
+            validate_group(""),
+            Err(Error::InvalidGroup { .. })
+        ));
+        assert!(matches!(
+            validate_group("a\0b"),
+            Err(Error::InvalidGroup { .. })
+        ));
         let err = validate_group(&"g".repeat(1000)).unwrap_err().to_string();
         assert!(err.contains("longer than 256 bytes"), "{err}");
-        assert!(err.len() < 200, "long names are truncated in messages: {err}");
+        assert!(
+            err.len() < 200,
+            "long names are truncated in messages: {err}"
+        );
     }
 }

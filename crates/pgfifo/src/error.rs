@@ -56,7 +56,9 @@ pub enum Error {
         needed: i64,
     },
     /// The database schema is newer than this library knows.
-    #[error("the pgfifo schema has migration {0} which this library does not know; upgrade pgfifo")]
+    #[error(
+        "the pgfifo schema has migration {0} which this library does not know; upgrade pgfifo"
+    )]
     SchemaTooNew(i64),
     /// No connection could be taken from the pool in time, or connecting failed.
     #[error("could not get a database connection: {0}")]
@@ -94,7 +96,11 @@ pub struct RegistrationProblem {
 
 impl fmt::Display for RegistrationProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "job {:?} ({}): {}", self.name, self.type_name, self.problem)
+        write!(
+            f,
+            "job {:?} ({}): {}",
+            self.name, self.type_name, self.problem
+        )
     }
 }
 

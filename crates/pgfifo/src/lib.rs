@@ -56,11 +56,11 @@ mod registry;
 pub mod runner;
 
 pub use async_trait::async_trait;
+pub use db::{connect, Pool};
 /// The diesel version pgfifo is built on, for handlers that use the job's connection.
 pub use diesel;
 /// The diesel-async version pgfifo is built on (`AsyncPgConnection`, `RunQueryDsl`).
 pub use diesel_async;
-pub use db::{connect, Pool};
 pub use enqueue::{enqueue_batch, EnqueueOptions, NewJob, MAX_GROUP_LEN, MAX_QUEUE_LEN};
 pub use error::{Error, RegistrationProblem, Result};
 pub use job::{FailureKind, Handler, Job, JobContext, JobError};

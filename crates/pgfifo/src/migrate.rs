@@ -98,7 +98,11 @@ pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Vec<i64>> {
             }
             conn.batch_execute(m.up).await?;
             record(conn, m).await?;
-            tracing::info!(version = m.version, name = m.name, "applied pgfifo migration");
+            tracing::info!(
+                version = m.version,
+                name = m.name,
+                "applied pgfifo migration"
+            );
             done.push(m.version);
         }
         Ok(done)
@@ -122,7 +126,11 @@ pub async fn rollback(conn: &mut AsyncPgConnection, steps: usize) -> Result<Vec<
                 .bind::<BigInt, _>(m.version)
                 .execute(conn)
                 .await?;
-            tracing::info!(version = m.version, name = m.name, "reverted pgfifo migration");
+            tracing::info!(
+                version = m.version,
+                name = m.name,
+                "reverted pgfifo migration"
+            );
             done.push(m.version);
         }
         Ok(done)
@@ -175,11 +183,11 @@ async fn lock_and_prepare(conn: &mut AsyncPgConnection) -> Result<()> {
 }
 
 async fn applied(conn: &mut AsyncPgConnection) -> Result<Vec<AppliedRow>> {
-    Ok(diesel::sql_query(
-        "SELECT version, name FROM pgfifo.schema_migrations ORDER BY version",
+    Ok(
+        diesel::sql_query("SELECT version, name FROM pgfifo.schema_migrations ORDER BY version")
+            .load(conn)
+            .await?,
     )
-    .load(conn)
-    .await?)
 }
 
 /// The applied migrations, or `None` when pgfifo was never migrated here.

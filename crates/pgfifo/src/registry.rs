@@ -124,6 +124,11 @@ impl Registry {
         self.by_name.get(name).copied()
     }
 
+    /// Every registration, sorted by name.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &'static Registration> + '_ {
+        self.by_name.values().copied()
+    }
+
     /// Every queue that has at least one registered job type, sorted.
     pub(crate) fn queues(&self) -> Vec<String> {
         let mut queues: Vec<String> = self.by_name.values().map(|r| r.queue.to_owned()).collect();

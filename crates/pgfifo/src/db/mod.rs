@@ -16,7 +16,8 @@ use crate::Result;
 pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 
 /// A connection checked out of a [`Pool`] for as long as the holder needs it.
-pub type PooledConnection = bb8::PooledConnection<'static, AsyncDieselConnectionManager<AsyncPgConnection>>;
+pub type PooledConnection =
+    bb8::PooledConnection<'static, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
 /// Builds a pool of at most `max_size` connections to `database_url`.
 ///

@@ -79,16 +79,29 @@ pub(crate) async fn pick(
     conn: &mut AsyncPgConnection,
     queues: &[String],
     turn: i32,
+    idle: &IdleBounds,
 ) -> diesel::QueryResult<Option<PickedJob>> {
     let mut rows: Vec<PickedJob> = diesel::sql_query(
         "SELECT id, queue, group_id, kind, payload, max_attempts, pg_backend_pid() AS backend_pid \
-         FROM pgfifo.pick($1, $2)",
+         FROM pgfifo.pick($1, $2, $3, $4, $5)",
     )
     .bind::<Array<Text>, _>(queues)
     .bind::<Integer, _>(turn)
+    .bind::<Array<Text>, _>(&idle.kinds)
+    .bind::<Array<Integer>, _>(&idle.idle_ms)
+    .bind::<Integer, _>(idle.default_idle_ms)
     .load(conn)
     .await?;
     Ok(rows.pop())
+}
+
+/// How long a job's transaction may sit idle, per job type, before the server
+/// ends the session (see `pgfifo.pick`): the type's timeout plus a grace.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct IdleBounds {
+    pub kinds: Vec<String>,
+    pub idle_ms: Vec<i32>,
+    pub default_idle_ms: i32,
 }
 
 #[derive(QueryableByName)]
@@ -152,7 +165,10 @@ pub(crate) async fn note_attempt_error(
 }
 
 /// Asks the server to cancel the statement running on backend `pid`.
-pub(crate) async fn cancel_backend(conn: &mut AsyncPgConnection, pid: i32) -> diesel::QueryResult<usize> {
+pub(crate) async fn cancel_backend(
+    conn: &mut AsyncPgConnection,
+    pid: i32,
+) -> diesel::QueryResult<usize> {
     diesel::sql_query("SELECT pg_cancel_backend($1)")
         .bind::<Integer, _>(pid)
         .execute(conn)
@@ -199,6 +215,28 @@ pub(crate) async fn complete(
         .execute(conn)
         .await
         .map(drop)
+}
+
+#[derive(QueryableByName)]
+struct CountRow {
+    #[diesel(sql_type = Integer)]
+    n: i32,
+}
+
+/// Makes groups that enqueuers woke active (autocommit, its own short
+/// transaction; never inside a job's transaction). Returns how many became
+/// active.
+pub(crate) async fn promote(
+    conn: &mut AsyncPgConnection,
+    queues: &[String],
+    limit: i32,
+) -> diesel::QueryResult<i32> {
+    let row: CountRow = diesel::sql_query("SELECT pgfifo.promote($1, $2) AS n")
+        .bind::<Array<Text>, _>(queues)
+        .bind::<Integer, _>(limit)
+        .get_result(conn)
+        .await?;
+    Ok(row.n)
 }
 
 /// Subscribes this connection to the wake-up channel enqueue notifies.

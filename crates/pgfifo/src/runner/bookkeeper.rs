@@ -64,7 +64,11 @@ impl Bookkeeper {
 
     /// Records the start of an attempt of job `id`. `Ok(Some(n))`: this is
     /// attempt `n`; `Ok(None)`: the job has used all its attempts.
-    pub(crate) async fn start_attempt(&self, id: i64, max_attempts: i32) -> Result<Option<i32>, String> {
+    pub(crate) async fn start_attempt(
+        &self,
+        id: i64,
+        max_attempts: i32,
+    ) -> Result<Option<i32>, String> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Request::Start {

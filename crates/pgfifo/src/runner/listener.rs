@@ -1,21 +1,24 @@
-//! Wakes idle workers when `pgfifo.enqueue` notifies that a group (or an
-//! ungrouped job) became ready in a queue this runner serves.
+//! Wakes idle workers when `pgfifo.enqueue` notifies that a queue this runner
+//! serves has new work, after making woken groups active (`pgfifo.promote`).
 //!
-//! Notifications are an optimisation: workers also poll, so a lost
-//! notification (the LISTEN connection dropped, the server restarted) only
-//! delays a job until the next poll. The connection is checked every poll
-//! interval and replaced when it fails.
+//! Notifications are an optimisation: workers also poll (and promote) on their
+//! own, so a lost notification (the LISTEN connection dropped, the server
+//! restarted) only delays a job until the next poll. The connection is
+//! checked every poll interval and replaced when it fails.
 
 use std::pin::pin;
 use std::sync::Arc;
 
-use diesel_async::SimpleAsyncConnection;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::bookkeeper::backoff;
 use super::Shared;
 use crate::db::sql;
+
+/// Wake rows promoted per statement.
+pub(super) const PROMOTE_BATCH: i32 = 1_000;
 
 pub(super) async fn run(shared: Arc<Shared>, service: CancellationToken) {
     let mut failures = 0u32;
@@ -36,38 +39,76 @@ pub(super) async fn run(shared: Arc<Shared>, service: CancellationToken) {
     }
 }
 
+/// Why the inner loop stopped listening for a moment.
+enum Interrupt {
+    Notified,
+    Tick,
+    Stop,
+}
+
 /// Listens until `service` is cancelled (`Ok`) or the connection fails.
 async fn listen(shared: &Shared, service: &CancellationToken) -> Result<(), String> {
     let mut conn = shared.pool.get_owned().await.map_err(|e| e.to_string())?;
-    conn.batch_execute(sql::LISTEN).await.map_err(|e| e.to_string())?;
+    conn.batch_execute(sql::LISTEN)
+        .await
+        .map_err(|e| e.to_string())?;
     tracing::debug!("pgfifo: listening for new jobs");
+    // Work enqueued while no runner listened.
+    promote_all(shared, &mut conn).await?;
     loop {
-        let stopping = {
+        let interrupt = {
             let mut stream = pin!(conn.notifications_stream());
-            let ping = tokio::time::sleep(shared.config.poll_interval);
-            let mut ping = pin!(ping);
+            let mut tick = pin!(tokio::time::sleep(shared.config.poll_interval));
             loop {
                 tokio::select! {
                     item = stream.next() => match item {
                         Some(Ok(note)) => {
                             if note.channel == sql::CHANNEL && shared.queues.contains(&note.payload) {
-                                shared.wake.notify_waiters();
+                                break Interrupt::Notified;
                             }
                         }
                         Some(Err(err)) => return Err(err.to_string()),
                         None => return Err("notification stream ended".into()),
                     },
-                    () = &mut ping => break false,
-                    () = service.cancelled() => break true,
+                    () = &mut tick => break Interrupt::Tick,
+                    () = service.cancelled() => break Interrupt::Stop,
                 }
             }
         };
-        if stopping {
-            // The connection goes back to the pool: stop receiving notifications.
-            let _ = conn.batch_execute("UNLISTEN *").await;
-            return Ok(());
+        match interrupt {
+            Interrupt::Stop => {
+                // The connection goes back to the pool: stop receiving notifications.
+                let _ = conn.batch_execute("UNLISTEN *").await;
+                return Ok(());
+            }
+            // A notification: new groups first, then the workers.
+            Interrupt::Notified => {
+                promote_all(shared, &mut conn).await?;
+                shared.wake.notify_waiters();
+            }
+            // The poll: also proves the connection is alive.
+            Interrupt::Tick => {
+                if promote_all(shared, &mut conn).await? > 0 {
+                    shared.wake.notify_waiters();
+                }
+            }
         }
-        // Detect a dead connection even when no notification arrives.
-        conn.batch_execute("SELECT 1").await.map_err(|e| e.to_string())?;
+    }
+}
+
+/// Promotes woken groups until none are left; returns how many became active.
+pub(super) async fn promote_all(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+) -> Result<i32, String> {
+    let mut total = 0;
+    loop {
+        let n = sql::promote(conn, &shared.queues, PROMOTE_BATCH)
+            .await
+            .map_err(|e| e.to_string())?;
+        total += n;
+        if n < PROMOTE_BATCH {
+            return Ok(total);
+        }
     }
 }

@@ -24,6 +24,7 @@ use tokio::sync::{broadcast, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::db::sql::IdleBounds;
 use crate::db::Pool;
 use crate::enqueue::validate_queue;
 use crate::registry::Registry;
@@ -61,6 +62,12 @@ pub struct RunnerConfig {
     /// How long [`RunnerHandle::shutdown`] lets running jobs finish before
     /// aborting them (default 30 s).
     pub shutdown_timeout: Duration,
+    /// How long, beyond a job's timeout, its transaction may sit idle before
+    /// PostgreSQL ends the session (default 30 s). This is what frees the
+    /// group of a worker that froze (SIGSTOP, a stalled VM) without closing
+    /// its connection: the server's `idle_in_transaction_session_timeout` is
+    /// set to the job's timeout plus this grace for each job's transaction.
+    pub idle_grace: Duration,
     /// The name recorded with each attempt (default `hostname:pid`).
     pub name: String,
 }
@@ -74,6 +81,7 @@ impl Default for RunnerConfig {
             default_timeout: Duration::from_secs(300),
             max_backoff: Duration::from_secs(3600),
             shutdown_timeout: Duration::from_secs(30),
+            idle_grace: Duration::from_secs(30),
             name: default_name(),
         }
     }
@@ -120,10 +128,37 @@ impl RunnerConfig {
         self
     }
 
+    /// How long beyond its timeout a job's transaction may sit idle.
+    pub fn idle_grace(mut self, grace: Duration) -> Self {
+        self.idle_grace = grace;
+        self
+    }
+
     /// The name recorded with each attempt.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
+    }
+}
+
+/// Each job type's idle bound: its timeout plus the grace, in ms.
+fn idle_bounds(registry: &Registry, config: &RunnerConfig) -> IdleBounds {
+    let ms = |timeout: Duration| {
+        i32::try_from((timeout + config.idle_grace).as_millis()).unwrap_or(i32::MAX)
+    };
+    let (kinds, idle_ms) = registry
+        .iter()
+        .map(|r| {
+            (
+                r.name.to_owned(),
+                ms(r.timeout.unwrap_or(config.default_timeout)),
+            )
+        })
+        .unzip();
+    IdleBounds {
+        kinds,
+        idle_ms,
+        default_idle_ms: ms(config.default_timeout),
     }
 }
 
@@ -200,6 +235,7 @@ pub(crate) struct Shared {
     pub abort: CancellationToken,
     pub events: broadcast::Sender<JobEvent>,
     pub bookkeeper: bookkeeper::Bookkeeper,
+    pub idle_bounds: IdleBounds,
 }
 
 impl Shared {
@@ -235,10 +271,14 @@ impl std::fmt::Debug for RunnerHandle {
 pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     let registry = Registry::global()?;
     if config.concurrency == 0 {
-        return Err(Error::InvalidConfig("concurrency must be at least 1".into()));
+        return Err(Error::InvalidConfig(
+            "concurrency must be at least 1".into(),
+        ));
     }
     if config.poll_interval.is_zero() {
-        return Err(Error::InvalidConfig("poll_interval must be longer than zero".into()));
+        return Err(Error::InvalidConfig(
+            "poll_interval must be longer than zero".into(),
+        ));
     }
     let queues = match &config.queues {
         Some(queues) => queues.clone(),
@@ -246,7 +286,8 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     };
     if queues.is_empty() {
         return Err(Error::InvalidConfig(
-            "no queues to serve: no job type is registered and RunnerConfig::queues is unset".into(),
+            "no queues to serve: no job type is registered and RunnerConfig::queues is unset"
+                .into(),
         ));
     }
     for queue in &queues {
@@ -260,13 +301,11 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     let service = CancellationToken::new();
     let tracker = TaskTracker::new();
     let (events, _) = broadcast::channel(4096);
-    let bookkeeper = bookkeeper::Bookkeeper::spawn(
-        pool.clone(),
-        config.name.clone(),
-        service.clone(),
-        &tracker,
-    );
+    let bookkeeper =
+        bookkeeper::Bookkeeper::spawn(pool.clone(), config.name.clone(), service.clone(), &tracker);
+    let idle_bounds = idle_bounds(registry, &config);
     let shared = Arc::new(Shared {
+        idle_bounds,
         pool,
         queues,
         registry,
@@ -328,7 +367,10 @@ impl RunnerHandle {
         tracing::info!(?deadline, "pgfifo runner stopping: no new jobs will start");
         self.shared.stop.cancel();
         self.shared.wake.notify_waiters();
-        if tokio::time::timeout(deadline, self.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(deadline, self.tracker.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("pgfifo runner: shutdown deadline passed, aborting running jobs");
             self.shared.abort.cancel();
             self.tracker.wait().await;

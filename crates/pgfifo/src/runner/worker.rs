@@ -14,7 +14,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, TransactionManager};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
 use futures_util::FutureExt;
 use tracing::Instrument;
 
@@ -122,13 +122,29 @@ async fn connection(shared: &Shared) -> Option<PooledConnection> {
 }
 
 /// Picks and runs one job. `Ok(false)`: nothing to do.
-async fn run_one(shared: &Shared, conn: &mut AsyncPgConnection, turn: i32) -> Result<bool, ConnectionLost> {
-    Tm::begin_transaction(conn).await?;
-    let job = match sql::pick(conn, &shared.queues, turn).await {
+async fn run_one(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    turn: i32,
+) -> Result<bool, ConnectionLost> {
+    // The previous job of this streak committed with `COMMIT; BEGIN`, which
+    // leaves the next transaction open; otherwise open one.
+    if depth(conn) != Some(1) {
+        Tm::begin_transaction(conn).await?;
+    }
+    let job = match sql::pick(conn, &shared.queues, turn, &shared.idle_bounds).await {
         Ok(Some(job)) => job,
         Ok(None) => {
-            Tm::rollback_transaction(conn).await?;
-            return Ok(false);
+            // Commit, not roll back: an empty pick may have repaired a stale
+            // group head (see pgfifo.pick), and a read-only commit is free.
+            Tm::commit_transaction(conn).await?;
+            // Groups that enqueuers woke become pickable once promoted. The
+            // listener does it on notifications; doing it here too means a
+            // lost notification or a dead LISTEN connection only costs a poll.
+            let promoted = super::listener::promote_all(shared, conn)
+                .await
+                .map_err(ConnectionLost)?;
+            return Ok(promoted > 0);
         }
         Err(err) => {
             let _ = Tm::rollback_transaction(conn).await;
@@ -159,8 +175,27 @@ enum Ran {
 
 /// Runs a picked job to its outcome. On return the job's transaction is over:
 /// committed with the outcome, or rolled back (`Err`, or an aborted run).
-async fn execute(shared: &Shared, conn: &mut AsyncPgConnection, job: PickedJob) -> Result<(), ConnectionLost> {
-    let attempt = match shared.bookkeeper.start_attempt(job.id, job.max_attempts).await {
+async fn execute(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: PickedJob,
+) -> Result<(), ConnectionLost> {
+    // The handler's savepoint (named as diesel names depth 1's savepoint, so
+    // diesel's rollback at depth 2 returns to it), set while the bookkeeper
+    // records the attempt on its own connection: one round trip for both.
+    let (savepoint, recorded) = {
+        let mut shared_conn: &AsyncPgConnection = conn;
+        tokio::join!(
+            shared_conn.batch_execute(SAVEPOINT),
+            shared.bookkeeper.start_attempt(job.id, job.max_attempts)
+        )
+    };
+    if let Err(err) = savepoint {
+        let _ = Tm::rollback_transaction(conn).await;
+        return Err(err.into());
+    }
+    set_depth(conn, 2)?;
+    let attempt = match recorded {
         Ok(Some(attempt)) => attempt,
         Ok(None) => {
             let error = format!(
@@ -185,16 +220,26 @@ async fn execute(shared: &Shared, conn: &mut AsyncPgConnection, job: PickedJob) 
     };
     tracing::debug!("job started");
 
-    // The handler's savepoint.
-    Tm::begin_transaction(conn).await?;
-    let timeout = registration.timeout.unwrap_or(shared.config.default_timeout);
+    let timeout = registration
+        .timeout
+        .unwrap_or(shared.config.default_timeout);
     let ran = run_handler(shared, conn, &job, attempt, registration, timeout).await;
 
     let failure = match ran {
         Ran::Ok(result) => {
             if depth(conn) == Some(2) {
-                Tm::commit_transaction(conn).await?;
-                return finish(shared, conn, &job, attempt, Outcome::Succeeded, None, result.as_ref(), None).await;
+                // No RELEASE: the COMMIT in `finish` releases the savepoint.
+                return finish(
+                    shared,
+                    conn,
+                    &job,
+                    attempt,
+                    Outcome::Succeeded,
+                    None,
+                    result.as_ref(),
+                    None,
+                )
+                .await;
             }
             FailureText::retry("the handler returned with a transaction of its own still open")
         }
@@ -204,31 +249,50 @@ async fn execute(shared: &Shared, conn: &mut AsyncPgConnection, job: PickedJob) 
             (registration.type_name)()
         )),
         Ran::Panicked(message) => FailureText::retry(format!("the handler panicked: {message}")),
-        Ran::TimedOut(limit) => FailureText::retry(format!("the handler timed out after {limit:?}")),
+        Ran::TimedOut(limit) => {
+            FailureText::retry(format!("the handler timed out after {limit:?}"))
+        }
         Ran::Aborted => return abort(shared, conn, &job, attempt).await,
     };
 
     // Discard the handler's writes, keep the locks.
     if !rollback_to(shared, conn, 1, job.backend_pid).await {
-        shared.bookkeeper.note_error(job.id, attempt, failure.message.clone());
+        shared
+            .bookkeeper
+            .note_error(job.id, attempt, failure.message.clone());
         return Err(ConnectionLost(format!(
             "could not roll back the handler of job {} after: {}",
             job.id, failure.message
         )));
     }
     let (outcome, delay) = match failure.kind {
-        FailureKind::Retry { after } if attempt < job.max_attempts => {
-            (Outcome::Retry, Some(after.unwrap_or_else(|| backoff(shared, registration, attempt))))
-        }
+        FailureKind::Retry { after } if attempt < job.max_attempts => (
+            Outcome::Retry,
+            Some(after.unwrap_or_else(|| backoff(shared, registration, attempt))),
+        ),
         FailureKind::Cancel => (Outcome::Cancelled, None),
         _ => (Outcome::Failed, None),
     };
-    let message = if outcome == Outcome::Failed && matches!(failure.kind, FailureKind::Retry { .. }) {
-        format!("{} (attempt {attempt} of {}, no attempts left)", failure.message, job.max_attempts)
+    let message = if outcome == Outcome::Failed && matches!(failure.kind, FailureKind::Retry { .. })
+    {
+        format!(
+            "{} (attempt {attempt} of {}, no attempts left)",
+            failure.message, job.max_attempts
+        )
     } else {
         failure.message
     };
-    finish(shared, conn, &job, attempt, outcome, Some(&message), None, delay).await
+    finish(
+        shared,
+        conn,
+        &job,
+        attempt,
+        outcome,
+        Some(&message),
+        None,
+        delay,
+    )
+    .await
 }
 
 /// Runs the handler with its timeout, catching panics, until done or aborted.
@@ -308,10 +372,23 @@ async fn finish(
 ) -> Result<(), ConnectionLost> {
     let delay_us = delay.map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
     if let Err(err) = sql::complete(conn, job.id, attempt, outcome, error, result, delay_us).await {
-        let _ = Tm::rollback_transaction(conn).await;
+        let _ = rollback_to(shared, conn, 0, job.backend_pid).await;
         return Err(err.into());
     }
-    Tm::commit_transaction(conn).await?;
+    // Commit, and open the next job's transaction in the same round trip
+    // unless the runner is stopping. If the COMMIT fails the BEGIN is skipped
+    // and the next pick refuses to run outside a transaction block.
+    let keep_open = !shared.stop.is_cancelled();
+    let statement = if keep_open {
+        COMMIT_AND_BEGIN
+    } else {
+        "COMMIT"
+    };
+    if let Err(err) = conn.batch_execute(statement).await {
+        Tm::transaction_manager_status_mut(conn).set_in_error();
+        return Err(err.into());
+    }
+    set_depth(conn, u32::from(keep_open))?;
     let error = error.unwrap_or_default().to_owned();
     let outcome = match outcome {
         Outcome::Succeeded => {
@@ -343,7 +420,17 @@ async fn finish_failed(
     attempt: i32,
     error: String,
 ) -> Result<(), ConnectionLost> {
-    finish(shared, conn, job, attempt, Outcome::Failed, Some(&error), None, None).await
+    finish(
+        shared,
+        conn,
+        job,
+        attempt,
+        Outcome::Failed,
+        Some(&error),
+        None,
+        None,
+    )
+    .await
 }
 
 /// Shutdown deadline: forget the attempt (a graceful stop must not use up
@@ -358,7 +445,13 @@ async fn abort(
     let reason = "aborted by runner shutdown".to_owned();
     tracing::warn!("job aborted by shutdown; it will run again");
     let rolled_back = rollback_to(shared, conn, 0, job.backend_pid).await;
-    shared.emit(event(job, attempt, JobOutcome::Aborted { reason: reason.clone() }));
+    shared.emit(event(
+        job,
+        attempt,
+        JobOutcome::Aborted {
+            reason: reason.clone(),
+        },
+    ));
     if rolled_back {
         Ok(())
     } else {
@@ -377,6 +470,27 @@ fn event(job: &PickedJob, attempt: i32, outcome: JobOutcome) -> JobEvent {
     }
 }
 
+/// The handler's savepoint: diesel's name for the savepoint of depth 1.
+const SAVEPOINT: &str = "SAVEPOINT diesel_savepoint_1";
+/// Ends a job's transaction and opens the next one.
+const COMMIT_AND_BEGIN: &str = "COMMIT; BEGIN";
+
+/// Tells diesel's transaction manager the depth after transaction statements
+/// pgfifo sent itself, so handlers' nested `transaction` calls still become
+/// savepoints and pooled connections are judged correctly.
+fn set_depth(conn: &mut AsyncPgConnection, target: u32) -> Result<(), ConnectionLost> {
+    use diesel::connection::TransactionDepthChange::{DecreaseDepth, IncreaseDepth};
+    let status = Tm::transaction_manager_status_mut(conn).transaction_state()?;
+    loop {
+        let current = status.transaction_depth().map_or(0, |d| d.get());
+        match current.cmp(&target) {
+            std::cmp::Ordering::Equal => return Ok(()),
+            std::cmp::Ordering::Less => status.change_transaction_depth(IncreaseDepth)?,
+            std::cmp::Ordering::Greater => status.change_transaction_depth(DecreaseDepth)?,
+        }
+    }
+}
+
 /// The transaction depth diesel tracks (0: none), or `None` if its state is broken.
 fn depth(conn: &mut AsyncPgConnection) -> Option<u32> {
     Tm::transaction_manager_status_mut(conn)
@@ -389,7 +503,12 @@ fn depth(conn: &mut AsyncPgConnection) -> Option<u32> {
 /// (including a dropped future whose statement may still run on the server:
 /// after a while that statement is cancelled). `false`: the connection is
 /// unusable and must be dropped, which aborts the transaction on the server.
-async fn rollback_to(shared: &Shared, conn: &mut AsyncPgConnection, target: u32, backend_pid: i32) -> bool {
+async fn rollback_to(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    target: u32,
+    backend_pid: i32,
+) -> bool {
     let unwind = AssertUnwindSafe(async {
         loop {
             match depth(conn) {
@@ -437,7 +556,9 @@ fn jittered(interval: Duration) -> Duration {
 /// hash keys; enough for jitter.
 fn random_fraction() -> f64 {
     use std::hash::{BuildHasher, Hasher};
-    let bits = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 

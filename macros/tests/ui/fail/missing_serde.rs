@@ -1,5 +1,5 @@
-// `Job` requires `Serialize` and `Deserialize`: the error points at the
-// type's name.
+// `Job` requires `Serialize` and `Deserialize`: a type missing either derive
+// gets an error on its name.
 
 use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,7 @@ struct NotDeserialize {
 #[async_trait]
 impl Handler for NotDeserialize {
     async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let _ = self.invoice_id;
         Ok(())
     }
 }

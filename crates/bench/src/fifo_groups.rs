@@ -1,0 +1,181 @@
+//! `fifo-groups`: enqueue JOBS round-robin over NGROUPS groups, drain them
+//! with WORKERS concurrent jobs, check every run, and measure the server's
+//! single-row UPDATE ceiling for comparison.
+
+use std::time::{Duration, Instant};
+
+use diesel::sql_types::Integer;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use pgfifo::{EnqueueOptions, NewJob, RunnerConfig};
+use serde_json::json;
+
+use crate::common::{self, BenchJob, Inputs};
+use crate::progress;
+
+/// Jobs per `enqueue_batch` call.
+const BATCH: u64 = 5_000;
+
+pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
+    let jobs = inputs.number("JOBS", 20_000)?;
+    let groups = inputs.number("NGROUPS", 200)?.max(1);
+    let workers = inputs.number("WORKERS", 16)?.max(1);
+    let work_ms = inputs.number("WORK_MS", 0)?;
+    let ceiling_secs = inputs.number("CEILING_SECS", 5)?;
+    let server = inputs.database_url();
+    common::set_work_ms(work_ms);
+
+    let (pool, url) = common::fresh_database(&server, "pgfifo_bench", workers as u32 + 4).await?;
+    progress!("enqueueing {jobs} jobs over {groups} groups");
+    let enqueue_secs = enqueue_round_robin(&pool, jobs, groups).await?;
+    let enqueue_rate = jobs as f64 / enqueue_secs;
+    progress!("enqueued in {enqueue_secs:.3}s ({enqueue_rate:.0} jobs/s); draining with {workers} workers");
+
+    common::epoch();
+    common::take_records();
+    let config = RunnerConfig::default()
+        .queues(["bench"])
+        .concurrency(workers as usize)
+        .poll_interval(Duration::from_millis(200));
+    let runner = pgfifo::runner::start(pool.clone(), config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while (common::finished() as u64) < jobs {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "drain did not finish: {} of {jobs} ran",
+                common::finished()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wait_all_committed(&pool, jobs).await?;
+    runner.shutdown().await.map_err(|e| e.to_string())?;
+    let records = common::take_records();
+    let first = records.iter().map(|r| r.start_ns).min().unwrap_or(0);
+    let last = records.iter().map(|r| r.end_ns).max().unwrap_or(0);
+    let drain_secs = (last.saturating_sub(first)) as f64 / 1e9;
+    let drain_rate = jobs as f64 / drain_secs.max(1e-9);
+    let checked = common::check(&records, jobs, groups);
+    progress!("drained in {drain_secs:.3}s ({drain_rate:.0} jobs/s); {checked:?}");
+    if let Ok(path) = std::env::var("RECORDS_FILE") {
+        common::write_records(&path, &records)?;
+        progress!("wrote {} records to {path}", records.len());
+    }
+
+    progress!(
+        "measuring the ceiling: {workers} connections of single-row UPDATEs for {ceiling_secs}s"
+    );
+    let ceiling = ceiling_tps(&url, workers, Duration::from_secs(ceiling_secs)).await?;
+    progress!("ceiling {ceiling:.0} tx/s");
+    Ok(json!({
+        "scenario": "fifo-groups",
+        "jobs": jobs,
+        "groups": groups,
+        "workers": workers,
+        "work_ms": work_ms,
+        "enqueue_jobs_per_s": enqueue_rate.round(),
+        "drain_jobs_per_s": drain_rate.round(),
+        "ceiling_tps": ceiling.round(),
+        "drain_vs_ceiling": (drain_rate / ceiling * 1000.0).round() / 1000.0,
+        "lost": checked.lost,
+        "duplicates": checked.duplicates,
+        "order_violations": checked.order_violations,
+        "overlaps": checked.overlaps,
+    }))
+}
+
+/// Enqueues job k as group `k % groups`, seq `k / groups`, in batches; returns
+/// the seconds it took.
+pub async fn enqueue_round_robin(
+    pool: &pgfifo::Pool,
+    jobs: u64,
+    groups: u64,
+) -> Result<f64, String> {
+    let names: Vec<String> = (0..groups).map(|g| format!("g{g}")).collect();
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut k = 0;
+    while k < jobs {
+        let end = (k + BATCH).min(jobs);
+        let batch = (k..end)
+            .map(|k| {
+                let (g, s) = (k % groups, k / groups);
+                let job = BenchJob {
+                    g: g as u32,
+                    s: s as u32,
+                };
+                NewJob::new(&job, EnqueueOptions::group(names[g as usize].clone()))
+            })
+            .collect::<pgfifo::Result<Vec<_>>>()
+            .map_err(|e| e.to_string())?;
+        pgfifo::enqueue_batch(&mut conn, batch)
+            .await
+            .map_err(|e| e.to_string())?;
+        k = end;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+async fn wait_all_committed(pool: &pgfifo::Pool, jobs: u64) -> Result<(), String> {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    for _ in 0..2_000 {
+        let c: Count =
+            diesel::sql_query("SELECT count(*) AS n FROM pgfifo.job WHERE state = 'succeeded'")
+                .get_result(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+        if c.n as u64 >= jobs {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Err("jobs ran but their outcomes did not all commit".into())
+}
+
+/// `connections` sessions doing one single-row UPDATE per transaction (each
+/// on its own row) for `length`; returns transactions per second.
+pub async fn ceiling_tps(url: &str, connections: u64, length: Duration) -> Result<f64, String> {
+    let mut setup = AsyncPgConnection::establish(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    setup
+        .batch_execute(
+            "DROP TABLE IF EXISTS bench_ceiling; \
+             CREATE TABLE bench_ceiling (id integer PRIMARY KEY, n bigint NOT NULL DEFAULT 0); \
+             INSERT INTO bench_ceiling (id) SELECT generate_series(0, 1023)",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let stop = Instant::now() + length;
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let url = url.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = AsyncPgConnection::establish(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut done = 0u64;
+            while Instant::now() < stop {
+                diesel::sql_query("UPDATE bench_ceiling SET n = n + 1 WHERE id = $1")
+                    .bind::<Integer, _>((c % 1024) as i32)
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                done += 1;
+            }
+            Ok::<u64, String>(done)
+        }));
+    }
+    let started = Instant::now();
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.map_err(|e| e.to_string())??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}

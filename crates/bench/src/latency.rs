@@ -1,0 +1,206 @@
+//! `latency`: enqueue-commit to handler-start at a steady rate.
+//!
+//! A runner serves queue `bench.latency` with `WORKERS` concurrent jobs (idle
+//! workers wait for `NOTIFY`, with the library's default 1 s poll as the
+//! fallback; `POLL_MS` changes it). A separate connection enqueues one job at
+//! a time in autocommit (`job.enqueue(&mut conn, group)`, groups round-robin
+//! over `NGROUPS`) at `RATE` per second for `SECONDS`. Each job's latency is
+//! the handler's start minus the instant its enqueue returned (the COMMIT's
+//! reply), both on one monotonic clock, matched by job id. The job can start
+//! before the enqueuer has read the COMMIT's reply, so a latency can be
+//! slightly negative; it is reported as measured.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use pgfifo::{
+    async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob, RunnerConfig,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::time::MissedTickBehavior;
+
+use crate::common::{self, round3, Inputs};
+use crate::progress;
+
+const DATABASE: &str = "pgfifo_bench_latency";
+/// How long to wait, after the last enqueue, for every job to start.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Start instants of [`LatencyJob`] runs, by job id.
+static STARTS: Mutex<Vec<(i64, Instant)>> = Mutex::new(Vec::new());
+
+/// The job of this scenario: its handler only notes when it started.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    name = "bench.latency",
+    queue = "bench.latency",
+    max_attempts = 3,
+    timeout = "60s",
+    backoff = "10ms"
+)]
+pub struct LatencyJob {
+    /// The job's number in the run.
+    pub n: u64,
+}
+
+#[async_trait]
+impl Handler for LatencyJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let started = Instant::now();
+        STARTS.lock().expect("starts").push((ctx.id(), started));
+        Ok(())
+    }
+}
+
+pub async fn run(inputs: &Inputs) -> Result<Value, String> {
+    let rate = inputs.number("RATE", 500)?;
+    let seconds = inputs.number("SECONDS", 20)?;
+    let groups = inputs.number("NGROUPS", 200)?.max(1);
+    let workers = inputs.number("WORKERS", 16)?.max(1);
+    let poll_ms = inputs.number("POLL_MS", 1000)?.max(1);
+    if rate == 0 || seconds == 0 {
+        return Err("RATE and SECONDS must be at least 1".into());
+    }
+    let server = inputs.database_url();
+    let (pool, url) = common::fresh_database(&server, DATABASE, workers as u32 + 4).await?;
+    let config = RunnerConfig::default()
+        .queues([LatencyJob::QUEUE])
+        .concurrency(workers as usize)
+        .poll_interval(Duration::from_millis(poll_ms));
+    let runner = pgfifo::runner::start(pool.clone(), config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut conn = AsyncPgConnection::establish(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+
+    // Warm-up, not measured: the pool opens its connections and each session
+    // plans the pick once.
+    let warmup = workers * 4;
+    let batch = (0..warmup)
+        .map(|n| {
+            NewJob::new(
+                &LatencyJob { n },
+                EnqueueOptions::group(format!("warmup{n}")),
+            )
+        })
+        .collect::<pgfifo::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
+    pgfifo::enqueue_batch(&mut conn, batch)
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_for_starts(warmup as usize, SETTLE).await;
+    STARTS.lock().expect("starts").clear();
+
+    progress!("enqueueing {rate} jobs/s for {seconds}s over {groups} groups; {workers} workers");
+    let names: Vec<String> = (0..groups).map(|g| format!("g{g}")).collect();
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let planned = rate * seconds;
+    // A fixed schedule: when an enqueue overruns its slot, the missed ticks
+    // are skipped (not fired in a burst to catch up), so the enqueuer never
+    // sends faster than RATE; `achieved_rate` says whether it kept up.
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut enqueued: Vec<(i64, Instant)> = Vec::with_capacity(planned as usize);
+    let mut call_ms: Vec<f64> = Vec::with_capacity(planned as usize);
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds);
+    let mut n = 0u64;
+    loop {
+        let tick = ticks.tick().await;
+        if tick >= tokio::time::Instant::from_std(until) {
+            break;
+        }
+        let group = &names[(n % groups) as usize];
+        let call = Instant::now();
+        let id = LatencyJob { n }
+            .enqueue(&mut conn, group)
+            .await
+            .map_err(|e| e.to_string())?;
+        let committed = Instant::now();
+        enqueued.push((id, committed));
+        call_ms.push((committed - call).as_secs_f64() * 1e3);
+        n += 1;
+    }
+    let enqueue_secs = started.elapsed().as_secs_f64();
+    let achieved = enqueued.len() as f64 / enqueue_secs;
+    progress!(
+        "enqueued {} jobs in {enqueue_secs:.2}s ({achieved:.0}/s); waiting for them to start",
+        enqueued.len()
+    );
+    wait_for_starts(enqueued.len(), SETTLE).await;
+    runner.shutdown().await.map_err(|e| e.to_string())?;
+    drop(conn);
+    drop(pool);
+
+    let starts = std::mem::take(&mut *STARTS.lock().expect("starts"));
+    let mut first_start: HashMap<i64, Instant> = HashMap::with_capacity(starts.len());
+    let mut duplicates = 0u64;
+    for (id, at) in starts {
+        match first_start.get_mut(&id) {
+            Some(earlier) => {
+                duplicates += 1;
+                *earlier = (*earlier).min(at);
+            }
+            None => {
+                first_start.insert(id, at);
+            }
+        }
+    }
+    let mut lost = 0u64;
+    let mut latencies: Vec<f64> = Vec::with_capacity(enqueued.len());
+    for (id, committed) in &enqueued {
+        match first_start.get(id) {
+            Some(start) => latencies.push(signed_ms(*start, *committed)),
+            None => lost += 1,
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    call_ms.sort_by(f64::total_cmp);
+    common::drop_database(&server, DATABASE).await?;
+
+    let result = json!({
+        "scenario": "latency",
+        "rate": rate,
+        "achieved_rate": achieved.round(),
+        "seconds": seconds,
+        "jobs": enqueued.len(),
+        "groups": groups,
+        "workers": workers,
+        "poll_ms": poll_ms,
+        "p50_ms": round3(common::percentile(&latencies, 0.5)),
+        "p99_ms": round3(common::percentile(&latencies, 0.99)),
+        "max_ms": round3(latencies.last().copied().unwrap_or(0.0)),
+        "min_ms": round3(latencies.first().copied().unwrap_or(0.0)),
+        "enqueue_call_p50_ms": round3(common::percentile(&call_ms, 0.5)),
+        "enqueue_call_p99_ms": round3(common::percentile(&call_ms, 0.99)),
+        "lost": lost,
+        "duplicates": duplicates,
+    });
+    progress!(
+        "enqueue-commit to start: p50 {} ms, p99 {} ms, max {} ms; lost {lost}, duplicates {duplicates}",
+        result["p50_ms"],
+        result["p99_ms"],
+        result["max_ms"]
+    );
+    Ok(result)
+}
+
+/// `later - earlier` in ms, negative when `later` is before `earlier`.
+fn signed_ms(later: Instant, earlier: Instant) -> f64 {
+    match later.checked_duration_since(earlier) {
+        Some(d) => d.as_secs_f64() * 1e3,
+        None => -(earlier - later).as_secs_f64() * 1e3,
+    }
+}
+
+/// Waits until `count` handler starts were recorded, or `patience` passed.
+async fn wait_for_starts(count: usize, patience: Duration) {
+    let deadline = Instant::now() + patience;
+    while STARTS.lock().expect("starts").len() < count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,48 @@
+//! pgfifo's benchmarks: `cargo run --release -p pgfifo-bench -- <scenario> [--name value]…`
+//!
+//! Scenarios: `fifo-groups`, `backlog`, `latency`, `long-job` (see
+//! `docs/performance.md`). Each prints progress on stderr and exactly one JSON
+//! line on stdout. Inputs are environment variables (`DATABASE_URL`, `JOBS`,
+//! `NGROUPS`, `WORKERS`, …); a flag `--jobs 5000` overrides `JOBS`.
+
+mod backlog;
+mod common;
+mod fifo_groups;
+mod latency;
+mod long_job;
+
+use common::Inputs;
+
+const USAGE: &str = "usage: pgfifo-bench <fifo-groups|backlog|latency|long-job> [--name value]...";
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(scenario) = args.first() else {
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    };
+    let result = match Inputs::from_args(&args[1..]) {
+        Err(err) => Err(err),
+        Ok(inputs) => match scenario.as_str() {
+            "fifo-groups" => fifo_groups::run(&inputs).await,
+            "backlog" => backlog::run(&inputs).await,
+            "latency" => latency::run(&inputs).await,
+            "long-job" => long_job::run(&inputs).await,
+            other => Err(format!("unknown scenario {other:?}\n{USAGE}")),
+        },
+    };
+    match result {
+        Ok(json) => println!("{json}"),
+        Err(err) => {
+            eprintln!("pgfifo-bench {scenario}: {err}");
+            std::process::exit(1);
+        }
+    }
+}
