@@ -151,7 +151,9 @@ CREATE FUNCTION pgfifo.enqueue(
     p_run_at_us    bigint[],
     p_delay_us     bigint[]
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_n       integer := cardinality(p_queue);
     v_ids     bigint[];
@@ -160,6 +162,7 @@ DECLARE
     v_i       integer;
     v_id      bigint;
     v_tries   integer;
+    v_notify  text[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgfifo enqueue requires READ COMMITTED isolation (found %)',
@@ -218,19 +221,24 @@ BEGIN
     END IF;
 
     -- Groups that are missing or idle must be made active once this commits.
-    INSERT INTO pgfifo.group_wake (queue, group_id)
-    SELECT DISTINCT t.q, t.g
-    FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
-    WHERE t.g IS NOT NULL AND t.created
-      AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
-                      WHERE qg.queue = t.q AND qg.group_id = t.g AND qg.ready_at IS NOT NULL);
+    WITH woken AS (
+        INSERT INTO pgfifo.group_wake (queue, group_id)
+        SELECT d.q, d.g
+        FROM (SELECT DISTINCT t.q, t.g
+              FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
+              WHERE t.g IS NOT NULL AND t.created) AS d
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                          WHERE qg.queue = d.q AND qg.group_id = d.g AND qg.ready_at IS NOT NULL)
+        RETURNING queue)
+    SELECT array_agg(DISTINCT queue) INTO v_notify FROM woken;
 
     -- Wake runners at commit, once per queue that has a woken group or a new
     -- ungrouped job. Active groups need no wake-up: their runner advances.
     PERFORM pg_notify('pgfifo', s.q)
-    FROM (SELECT DISTINCT t.q FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
-          WHERE t.created AND (t.g IS NULL OR EXISTS (
-              SELECT 1 FROM pgfifo.group_wake AS w WHERE w.queue = t.q AND w.group_id = t.g))) AS s;
+    FROM (SELECT unnest(v_notify)
+          UNION
+          SELECT t.q FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
+          WHERE t.g IS NULL AND t.created) AS s(q);
 
     RETURN QUERY SELECT unnest(v_out);
 END
@@ -249,9 +257,9 @@ $$;
 -- flush: if the server crashes, the wake rows come back with the promotion.
 CREATE FUNCTION pgfifo.promote(p_queues text[], p_limit integer) RETURNS integer
 LANGUAGE plpgsql
-SET enable_sort = off
-SET enable_seqscan = off
-SET enable_bitmapscan = off
+-- Short queries on small tables: compiling them would cost 100x running them.
+SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_wake   record;
@@ -297,10 +305,12 @@ $$;
 -- changes, which makes the update a HOT update (see queue_group).
 CREATE FUNCTION pgfifo.advance_head(p_queue text, p_group text, p_done bigint) RETURNS void
 LANGUAGE plpgsql
--- Index-driven whatever the statistics (see pick).
+-- Index-driven whatever the statistics, never JIT-compiled (see pick).
 SET enable_sort = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_next record;
@@ -329,22 +339,10 @@ BEGIN
 END
 $$;
 
--- Bounds, for the rest of the current transaction, how long the session may
--- sit idle inside it, and turns on TCP keepalives (see pick).
-CREATE FUNCTION pgfifo.bound_idle(p_kind text, p_kinds text[], p_idle_ms integer[], p_default_idle_ms integer)
-RETURNS void
-LANGUAGE sql AS $$
-    SELECT set_config('idle_in_transaction_session_timeout',
-                      coalesce(p_idle_ms[array_position(p_kinds, p_kind)], p_default_idle_ms)::text, true),
-           set_config('tcp_keepalives_idle', '10', true),
-           set_config('tcp_keepalives_interval', '5', true),
-           set_config('tcp_keepalives_count', '3', true)
-$$;
-
 -- Picks one job to run and locks it. Called as the first statement of the
 -- runner's job transaction T, after BEGIN.
 --
--- Locking contract: when a row is returned, T holds
+-- Locking contract: when a row with a job id is returned, T holds
 --   * FOR UPDATE on the job's queue_group row (grouped jobs): no other runner
 --     can pick any job of the group until T ends;
 --   * FOR UPDATE on the job row;
@@ -361,42 +359,56 @@ $$;
 -- predate the commit of the job that freed the group, and run it twice.
 --
 -- Which group: the highest priority first; within a priority, the first free
--- ready group at or after a random slot, wrapping around. Every group with
--- work is served, none can keep the workers to itself, and concurrent pickers
--- start at different places instead of all fighting over the first rows.
--- p_turn rotates the starting queue and alternates between grouped and
--- ungrouped jobs so neither starves.
+-- ready group at or after slot p_slot, wrapping around. Each worker passes the
+-- slot after the one it served last, so it sweeps the groups round-robin:
+-- every group with work is served once per sweep, none can keep the workers
+-- to itself, and concurrent pickers work at different places of the index
+-- instead of all fighting over its first rows. The returned slot is the
+-- group's (NULL for an ungrouped job). A row whose id is NULL means: a group
+-- was locked that turned out to have nothing to run; commit (releasing it)
+-- and pick again. p_turn rotates the starting queue and
+-- alternates between grouped and ungrouped jobs so neither starves.
 --
 -- A worker that stops without closing its connection (frozen by SIGSTOP, a
 -- stalled VM) would hold its group forever. pick therefore bounds how long T
 -- may sit idle: p_idle_ms[i] for jobs of kind p_kinds[i], p_default_idle_ms
 -- for others (the runner passes each type's timeout plus a grace). Past it,
--- the server ends the session, T aborts and the group is free. TCP keepalives
--- do the same for a peer that vanished from the network.
+-- the server ends the session, T aborts and the group is free. (A peer that
+-- vanished from the network is detected by TCP keepalives: see
+-- docs/failure-model.md for the connection settings.)
 CREATE FUNCTION pgfifo.pick(
     p_queues          text[],
     p_turn            integer,
+    p_slot            integer,
     p_kinds           text[],
     p_idle_ms         integer[],
     p_default_idle_ms integer
 )
-RETURNS SETOF pgfifo.job
+RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
+               max_attempts integer, slot integer)
 LANGUAGE plpgsql
 -- The plans must not depend on statistics (a fresh queue has none): without
 -- these, the planner may read every group of the queue through the primary
 -- key and sort them, instead of walking the ready index to the first free row.
+-- The penalties these settings add to the costs of other plans could push a
+-- query past the JIT thresholds; compiling would cost 100x running it.
 SET enable_sort = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_n       integer := cardinality(p_queues);
     v_turn    integer := p_turn & 2147483647;
     v_q       text;
     v_group   record;
+    v_cand    record;
+    v_lo      bigint;
+    v_hi      bigint;
     v_job     pgfifo.job;
+    v_slot    integer := p_slot;
     v_now     timestamptz := statement_timestamp();
-    v_slot    integer := (random() * 4294967295 - 2147483648)::bigint::integer;
     v_bound   integer;
     v_prio    smallint;
 BEGIN
@@ -414,57 +426,84 @@ BEGIN
                 v_bound := 32768;
                 LOOP
                     -- The next priority level that has active groups.
-                    SELECT priority INTO v_prio FROM pgfifo.queue_group
-                    WHERE queue = v_q AND ready_at IS NOT NULL AND priority < v_bound
-                    ORDER BY priority DESC LIMIT 1;
+                    SELECT g.priority INTO v_prio FROM pgfifo.queue_group AS g
+                    WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority < v_bound
+                    ORDER BY g.priority DESC LIMIT 1;
                     EXIT WHEN NOT FOUND;
-                    SELECT queue, group_id, head_id INTO v_group FROM pgfifo.queue_group
-                    WHERE queue = v_q AND ready_at IS NOT NULL AND priority = v_prio
-                      AND slot >= v_slot AND ready_at <= v_now
-                    ORDER BY slot LIMIT 1
-                    FOR UPDATE SKIP LOCKED;
-                    IF NOT FOUND THEN
-                        SELECT queue, group_id, head_id INTO v_group FROM pgfifo.queue_group
-                        WHERE queue = v_q AND ready_at IS NOT NULL AND priority = v_prio
-                          AND slot < v_slot AND ready_at <= v_now
-                        ORDER BY slot LIMIT 1
-                        FOR UPDATE SKIP LOCKED;
-                    END IF;
-                    IF FOUND THEN
-                        SELECT * INTO v_job FROM pgfifo.job
-                        WHERE id = v_group.head_id AND state = 'queued'
-                        FOR UPDATE;
-                        IF NOT FOUND THEN
-                            -- The head was finished or deleted out of band.
-                            -- Repair the pointer; the row stays locked until T
-                            -- ends, so run this group's new head or nothing (the
-                            -- caller commits an empty pick, keeping the repair).
-                            PERFORM pgfifo.advance_head(v_group.queue, v_group.group_id, v_group.head_id);
-                            SELECT j.* INTO v_job
+                    -- Candidates are read without locks, from the cursor to the
+                    -- end of the level, then from its start to the cursor. Each
+                    -- is then locked by its key. (A locking scan with the
+                    -- readiness conditions would keep the lock of a row that
+                    -- stopped matching between snapshot and lock, such as a
+                    -- group that just went idle, for the whole job.)
+                    FOR v_pass IN 0 .. 1 LOOP
+                        IF v_pass = 0 THEN
+                            v_lo := v_slot;
+                            v_hi := 2147483647;
+                        ELSE
+                            v_lo := -2147483648;
+                            v_hi := v_slot::bigint - 1;
+                        END IF;
+                        FOR v_cand IN
+                            SELECT g.group_id FROM pgfifo.queue_group AS g
+                            WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority = v_prio
+                              AND g.slot BETWEEN v_lo AND v_hi AND g.ready_at <= v_now
+                            ORDER BY g.slot
+                        LOOP
+                            SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at INTO v_group
                             FROM pgfifo.queue_group AS g
-                            JOIN pgfifo.job AS j ON j.id = g.head_id
-                            WHERE g.queue = v_group.queue AND g.group_id = v_group.group_id
-                              AND g.ready_at <= v_now AND j.state = 'queued'
-                            FOR UPDATE OF j;
-                            IF NOT FOUND THEN
+                            WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                            FOR UPDATE SKIP LOCKED;
+                            CONTINUE WHEN NOT FOUND; -- busy: another runner holds it
+                            IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL THEN
+                                -- It changed since the candidate read (went idle, or
+                                -- its head is now waiting for a retry). This lock
+                                -- lasts until T ends: return at once, and the
+                                -- caller commits and picks again.
+                                RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                    NULL::jsonb, NULL::integer, v_group.slot;
                                 RETURN;
                             END IF;
-                        END IF;
-                        PERFORM pgfifo.bound_idle(v_job.kind, p_kinds, p_idle_ms, p_default_idle_ms);
-                        RETURN NEXT v_job;
-                        RETURN;
-                    END IF;
+                            SELECT * INTO v_job FROM pgfifo.job AS j
+                            WHERE j.id = v_group.head_id AND j.state = 'queued'
+                            FOR UPDATE;
+                            IF NOT FOUND THEN
+                                -- The head was finished or deleted out of band.
+                                -- Repair the pointer; the row stays locked until T
+                                -- ends, so run this group's new head or nothing.
+                                PERFORM pgfifo.advance_head(v_group.queue, v_group.group_id, v_group.head_id);
+                                SELECT j.* INTO v_job
+                                FROM pgfifo.queue_group AS g
+                                JOIN pgfifo.job AS j ON j.id = g.head_id
+                                WHERE g.queue = v_group.queue AND g.group_id = v_group.group_id
+                                  AND g.ready_at <= v_now AND j.state = 'queued'
+                                FOR UPDATE OF j;
+                                IF NOT FOUND THEN
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot;
+                                    RETURN;
+                                END IF;
+                            END IF;
+                            PERFORM set_config('idle_in_transaction_session_timeout',
+                                coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)], p_default_idle_ms)::text, true);
+                            RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
+                                                v_job.payload, v_job.max_attempts, v_group.slot;
+                            RETURN;
+                        END LOOP;
+                    END LOOP;
                     v_bound := v_prio;
                 END LOOP;
             ELSE
-                SELECT * INTO v_job FROM pgfifo.job
-                WHERE queue = v_q AND group_id IS NULL AND state = 'queued' AND run_after <= v_now
-                ORDER BY priority DESC, run_after, id
+                SELECT * INTO v_job FROM pgfifo.job AS j
+                WHERE j.queue = v_q AND j.group_id IS NULL AND j.state = 'queued' AND j.run_after <= v_now
+                ORDER BY j.priority DESC, j.run_after, j.id
                 LIMIT 1
                 FOR UPDATE SKIP LOCKED;
                 IF FOUND THEN
-                    PERFORM pgfifo.bound_idle(v_job.kind, p_kinds, p_idle_ms, p_default_idle_ms);
-                    RETURN NEXT v_job;
+                    PERFORM set_config('idle_in_transaction_session_timeout',
+                                coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)], p_default_idle_ms)::text, true);
+                    RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
+                                        v_job.payload, v_job.max_attempts, NULL::integer;
                     RETURN;
                 END IF;
             END IF;
@@ -486,7 +525,9 @@ $$;
 -- extra attempt.
 CREATE FUNCTION pgfifo.start_attempts(p_ids bigint[], p_max integer[], p_runner text)
 RETURNS TABLE (job_id bigint, attempt integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     RETURN QUERY
@@ -511,7 +552,9 @@ CREATE FUNCTION pgfifo.complete(
     p_result           jsonb,
     p_retry_delay_us   bigint
 ) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     v_job record;
     v_now timestamptz := clock_timestamp();

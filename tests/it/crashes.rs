@@ -500,12 +500,11 @@ async fn killed_connection_releases_locks_and_job_runs_again() {
 }
 
 /// While a job runs, its transaction must hold the locks of its own group
-/// only. A group whose head was finished out of band (here: cancelled by
-/// hand) is repaired by `pgfifo.pick`, which then goes on to pick another job
-/// in the same transaction, keeping the repaired group's row lock (and, when
-/// it declared the group idle, the group's exclusive advisory lock) for that
-/// other job's whole run: enqueues into the repaired group wait for an
-/// unrelated job.
+/// only. Regression: a group whose head was finished out of band (here:
+/// cancelled by hand) is repaired by `pgfifo.pick`; an earlier revision then
+/// went on to pick another job in the same transaction, keeping the repaired
+/// group's row lock and exclusive advisory lock for that other job's whole
+/// run, so enqueues into the repaired group waited for an unrelated job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_held_only_for_the_running_jobs_group() {
     let db = TestDb::new().await;

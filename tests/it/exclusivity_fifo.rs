@@ -191,7 +191,7 @@ async fn group_exclusivity_holds_across_two_runners() {
     let mut total = 0;
     for round in 0..4 {
         for g in 0..5 {
-            let jobs = (round * 40..(round + 1) * 40).map(|seq| {
+            let jobs = (round * 20..(round + 1) * 20).map(|seq| {
                 let job = LogJob {
                     group: group_name(g),
                     seq,
@@ -203,7 +203,7 @@ async fn group_exclusivity_holds_across_two_runners() {
         }
     }
     drop(conn);
-    assert_eq!(total, 800);
+    assert_eq!(total, 400);
 
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",

@@ -96,36 +96,25 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
     STARTS.lock().expect("starts").clear();
 
     progress!("enqueueing {rate} jobs/s for {seconds}s over {groups} groups; {workers} workers");
-    let names: Vec<String> = (0..groups).map(|g| format!("g{g}")).collect();
-    let period = Duration::from_secs_f64(1.0 / rate as f64);
-    let planned = rate * seconds;
-    // A fixed schedule: when an enqueue overruns its slot, the missed ticks
-    // are skipped (not fired in a burst to catch up), so the enqueuer never
-    // sends faster than RATE; `achieved_rate` says whether it kept up.
-    let mut ticks = tokio::time::interval(period);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    let mut enqueued: Vec<(i64, Instant)> = Vec::with_capacity(planned as usize);
-    let mut call_ms: Vec<f64> = Vec::with_capacity(planned as usize);
-    let started = Instant::now();
-    let until = started + Duration::from_secs(seconds);
-    let mut n = 0u64;
-    loop {
-        let tick = ticks.tick().await;
-        if tick >= tokio::time::Instant::from_std(until) {
-            break;
-        }
-        let group = &names[(n % groups) as usize];
-        let call = Instant::now();
-        let id = LatencyJob { n }
-            .enqueue(&mut conn, group)
-            .await
-            .map_err(|e| e.to_string())?;
-        let committed = Instant::now();
-        enqueued.push((id, committed));
-        call_ms.push((committed - call).as_secs_f64() * 1e3);
-        n += 1;
-    }
-    let enqueue_secs = started.elapsed().as_secs_f64();
+    drop(conn);
+    // The enqueuer runs on a thread and runtime of its own, so that neither
+    // its ticks nor the instant it reads the COMMIT's reply wait for the
+    // runner's tasks to yield the shared runtime's threads.
+    let enqueuer = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?
+            .block_on(enqueue_steadily(&url, rate, seconds, groups))
+    });
+    let Enqueued {
+        jobs: enqueued,
+        mut call_ms,
+        secs: enqueue_secs,
+    } = tokio::task::spawn_blocking(move || enqueuer.join())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|_| "the enqueuer thread panicked".to_owned())??;
     let achieved = enqueued.len() as f64 / enqueue_secs;
     progress!(
         "enqueued {} jobs in {enqueue_secs:.2}s ({achieved:.0}/s); waiting for them to start",
@@ -133,7 +122,6 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
     );
     wait_for_starts(enqueued.len(), SETTLE).await;
     runner.shutdown().await.map_err(|e| e.to_string())?;
-    drop(conn);
     drop(pool);
 
     let starts = std::mem::take(&mut *STARTS.lock().expect("starts"));
@@ -187,6 +175,62 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         result["max_ms"]
     );
     Ok(result)
+}
+
+/// What the enqueuer did.
+struct Enqueued {
+    /// Each job's id and the instant its enqueue returned (COMMIT replied).
+    jobs: Vec<(i64, Instant)>,
+    /// The duration of each enqueue call, in ms.
+    call_ms: Vec<f64>,
+    /// From the first tick to the last enqueue's return.
+    secs: f64,
+}
+
+/// Enqueues one job per tick, `rate` ticks a second for `seconds`, on a
+/// connection of its own in autocommit; groups round-robin over `groups`.
+async fn enqueue_steadily(
+    url: &str,
+    rate: u64,
+    seconds: u64,
+    groups: u64,
+) -> Result<Enqueued, String> {
+    let mut conn = AsyncPgConnection::establish(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let names: Vec<String> = (0..groups).map(|g| format!("g{g}")).collect();
+    let period = Duration::from_secs_f64(1.0 / rate as f64);
+    let planned = (rate * seconds) as usize;
+    // A fixed schedule: when an enqueue overruns its slot, the missed ticks
+    // are skipped (not fired in a burst to catch up), so the enqueuer never
+    // sends faster than RATE; `achieved_rate` says whether it kept up.
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut out = Enqueued {
+        jobs: Vec::with_capacity(planned),
+        call_ms: Vec::with_capacity(planned),
+        secs: 0.0,
+    };
+    let started = Instant::now();
+    let until = tokio::time::Instant::from_std(started + Duration::from_secs(seconds));
+    let mut n = 0u64;
+    loop {
+        if ticks.tick().await >= until {
+            break;
+        }
+        let group = &names[(n % groups) as usize];
+        let call = Instant::now();
+        let id = LatencyJob { n }
+            .enqueue(&mut conn, group)
+            .await
+            .map_err(|e| e.to_string())?;
+        let committed = Instant::now();
+        out.jobs.push((id, committed));
+        out.call_ms.push((committed - call).as_secs_f64() * 1e3);
+        n += 1;
+    }
+    out.secs = started.elapsed().as_secs_f64();
+    Ok(out)
 }
 
 /// `later - earlier` in ms, negative when `later` is before `earlier`.

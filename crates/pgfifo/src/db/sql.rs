@@ -4,11 +4,42 @@
 //! that enqueue, pick and completion are one round trip each and their locking
 //! contracts sit next to the tables they lock.
 
+use diesel::pg::Pg;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Nullable, SmallInt, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use crate::JobId;
+
+/// A raw SQL statement that may be kept prepared on the connection.
+///
+/// diesel treats every `sql_query` as unsafe to cache, so each call would be
+/// parsed and planned again by the server, after an extra round trip to
+/// prepare it. pgfifo's statements are static strings with fixed bind types,
+/// which is exactly what the statement cache keys on (SQL text and bind
+/// types), so they are safe to keep.
+#[derive(Debug, Clone)]
+struct Prepared<T>(T);
+
+impl<T: QueryFragment<Pg>> QueryFragment<Pg> for Prepared<T> {
+    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+
+    fn is_safe_to_cache_prepared(&self, _backend: &Pg) -> diesel::QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl<T> QueryId for Prepared<T> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<T: Query> Query for Prepared<T> {
+    type SqlType = T::SqlType;
+}
 
 /// The arguments of `pgfifo.enqueue`, one array element per job.
 #[derive(Debug, Default)]
@@ -36,18 +67,20 @@ pub(crate) async fn enqueue(
     jobs: EnqueueArrays,
 ) -> diesel::QueryResult<Vec<JobId>> {
     let any_unique = jobs.unique_key.iter().any(Option::is_some);
-    let rows: Vec<IdRow> = diesel::sql_query(
-        "SELECT id FROM pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS id",
+    let rows: Vec<IdRow> = Prepared(
+        diesel::sql_query(
+            "SELECT id FROM pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS id",
+        )
+        .bind::<Array<Text>, _>(jobs.queue)
+        .bind::<Array<Nullable<Text>>, _>(jobs.group)
+        .bind::<Array<Text>, _>(jobs.kind)
+        .bind::<Array<Jsonb>, _>(jobs.payload)
+        .bind::<Array<SmallInt>, _>(jobs.priority)
+        .bind::<Array<Integer>, _>(jobs.max_attempts)
+        .bind::<Nullable<Array<Nullable<Text>>>, _>(any_unique.then_some(jobs.unique_key))
+        .bind::<Array<Nullable<BigInt>>, _>(jobs.run_at_us)
+        .bind::<Array<Nullable<BigInt>>, _>(jobs.delay_us),
     )
-    .bind::<Array<Text>, _>(jobs.queue)
-    .bind::<Array<Nullable<Text>>, _>(jobs.group)
-    .bind::<Array<Text>, _>(jobs.kind)
-    .bind::<Array<Jsonb>, _>(jobs.payload)
-    .bind::<Array<SmallInt>, _>(jobs.priority)
-    .bind::<Array<Integer>, _>(jobs.max_attempts)
-    .bind::<Nullable<Array<Nullable<Text>>>, _>(any_unique.then_some(jobs.unique_key))
-    .bind::<Array<Nullable<BigInt>>, _>(jobs.run_at_us)
-    .bind::<Array<Nullable<BigInt>>, _>(jobs.delay_us)
     .load(conn)
     .await?;
     Ok(rows.into_iter().map(|row| row.id).collect())
@@ -55,22 +88,50 @@ pub(crate) async fn enqueue(
 
 /// A job locked by `pgfifo.pick`, with the backend pid of the connection that
 /// holds it (to cancel a runaway query of a timed-out handler).
-#[derive(Debug, QueryableByName)]
+#[derive(Debug)]
 pub(crate) struct PickedJob {
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub queue: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub group_id: Option<String>,
-    #[diesel(sql_type = Text)]
     pub kind: String,
-    #[diesel(sql_type = Jsonb)]
     pub payload: serde_json::Value,
-    #[diesel(sql_type = Integer)]
     pub max_attempts: i32,
-    #[diesel(sql_type = Integer)]
+    /// The group's place in the pick's round-robin order (`None`: ungrouped).
+    pub slot: Option<i32>,
     pub backend_pid: i32,
+}
+
+/// What a pick found.
+#[derive(Debug)]
+pub(crate) enum Picked {
+    /// A job to run, locked.
+    Job(PickedJob),
+    /// A group was locked that turned out to have nothing to run (it changed
+    /// after the candidate read): commit to release it and pick again. Carries
+    /// the group's slot.
+    Retry(Option<i32>),
+    /// Nothing to run.
+    Nothing,
+}
+
+#[derive(QueryableByName)]
+struct PickRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    id: Option<i64>,
+    #[diesel(sql_type = Text)]
+    queue: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    group_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    kind: Option<String>,
+    #[diesel(sql_type = Nullable<Jsonb>)]
+    payload: Option<serde_json::Value>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    max_attempts: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    slot: Option<i32>,
+    #[diesel(sql_type = Integer)]
+    backend_pid: i32,
 }
 
 /// Locks and returns the next job of `queues`, in the caller's transaction.
@@ -79,20 +140,40 @@ pub(crate) async fn pick(
     conn: &mut AsyncPgConnection,
     queues: &[String],
     turn: i32,
+    slot: i32,
     idle: &IdleBounds,
-) -> diesel::QueryResult<Option<PickedJob>> {
-    let mut rows: Vec<PickedJob> = diesel::sql_query(
-        "SELECT id, queue, group_id, kind, payload, max_attempts, pg_backend_pid() AS backend_pid \
-         FROM pgfifo.pick($1, $2, $3, $4, $5)",
+) -> diesel::QueryResult<Picked> {
+    let mut rows: Vec<PickRow> = Prepared(
+        diesel::sql_query(
+            "SELECT id, queue, group_id, kind, payload, max_attempts, slot, \
+                pg_backend_pid() AS backend_pid \
+         FROM pgfifo.pick($1, $2, $3, $4, $5, $6)",
+        )
+        .bind::<Array<Text>, _>(queues)
+        .bind::<Integer, _>(turn)
+        .bind::<Integer, _>(slot)
+        .bind::<Array<Text>, _>(&idle.kinds)
+        .bind::<Array<Integer>, _>(&idle.idle_ms)
+        .bind::<Integer, _>(idle.default_idle_ms),
     )
-    .bind::<Array<Text>, _>(queues)
-    .bind::<Integer, _>(turn)
-    .bind::<Array<Text>, _>(&idle.kinds)
-    .bind::<Array<Integer>, _>(&idle.idle_ms)
-    .bind::<Integer, _>(idle.default_idle_ms)
     .load(conn)
     .await?;
-    Ok(rows.pop())
+    let Some(row) = rows.pop() else {
+        return Ok(Picked::Nothing);
+    };
+    Ok(match (row.id, row.kind, row.payload, row.max_attempts) {
+        (Some(id), Some(kind), Some(payload), Some(max_attempts)) => Picked::Job(PickedJob {
+            id,
+            queue: row.queue,
+            group_id: row.group_id,
+            kind,
+            payload,
+            max_attempts,
+            slot: row.slot,
+            backend_pid: row.backend_pid,
+        }),
+        _ => Picked::Retry(row.slot),
+    })
 }
 
 /// How long a job's transaction may sit idle, per job type, before the server
@@ -121,13 +202,14 @@ pub(crate) async fn start_attempts(
     max_attempts: &[i32],
     runner: &str,
 ) -> diesel::QueryResult<Vec<(i64, i32)>> {
-    let rows: Vec<AttemptRow> =
+    let rows: Vec<AttemptRow> = Prepared(
         diesel::sql_query("SELECT job_id, attempt FROM pgfifo.start_attempts($1, $2, $3)")
             .bind::<Array<BigInt>, _>(ids)
             .bind::<Array<Integer>, _>(max_attempts)
-            .bind::<Text, _>(runner)
-            .load(conn)
-            .await?;
+            .bind::<Text, _>(runner),
+    )
+    .load(conn)
+    .await?;
     Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
 }
 
@@ -138,11 +220,13 @@ pub(crate) async fn forget_attempt(
     job_id: i64,
     attempt: i32,
 ) -> diesel::QueryResult<usize> {
-    diesel::sql_query("DELETE FROM pgfifo.job_attempt WHERE job_id = $1 AND attempt = $2")
-        .bind::<BigInt, _>(job_id)
-        .bind::<Integer, _>(attempt)
-        .execute(conn)
-        .await
+    Prepared(
+        diesel::sql_query("DELETE FROM pgfifo.job_attempt WHERE job_id = $1 AND attempt = $2")
+            .bind::<BigInt, _>(job_id)
+            .bind::<Integer, _>(attempt),
+    )
+    .execute(conn)
+    .await
 }
 
 /// Notes the error of an attempt whose transaction could not record it (its
@@ -153,13 +237,15 @@ pub(crate) async fn note_attempt_error(
     attempt: i32,
     error: &str,
 ) -> diesel::QueryResult<usize> {
-    diesel::sql_query(
-        "UPDATE pgfifo.job_attempt SET error = $3, finished_at = clock_timestamp() \
+    Prepared(
+        diesel::sql_query(
+            "UPDATE pgfifo.job_attempt SET error = $3, finished_at = clock_timestamp() \
          WHERE job_id = $1 AND attempt = $2",
+        )
+        .bind::<BigInt, _>(job_id)
+        .bind::<Integer, _>(attempt)
+        .bind::<Text, _>(error),
     )
-    .bind::<BigInt, _>(job_id)
-    .bind::<Integer, _>(attempt)
-    .bind::<Text, _>(error)
     .execute(conn)
     .await
 }
@@ -169,8 +255,7 @@ pub(crate) async fn cancel_backend(
     conn: &mut AsyncPgConnection,
     pid: i32,
 ) -> diesel::QueryResult<usize> {
-    diesel::sql_query("SELECT pg_cancel_backend($1)")
-        .bind::<Integer, _>(pid)
+    Prepared(diesel::sql_query("SELECT pg_cancel_backend($1)").bind::<Integer, _>(pid))
         .execute(conn)
         .await
 }
@@ -205,16 +290,18 @@ pub(crate) async fn complete(
     result: Option<&serde_json::Value>,
     retry_delay_us: Option<i64>,
 ) -> diesel::QueryResult<()> {
-    diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6)")
-        .bind::<BigInt, _>(job_id)
-        .bind::<Integer, _>(attempt)
-        .bind::<Text, _>(outcome.as_sql())
-        .bind::<Nullable<Text>, _>(error)
-        .bind::<Nullable<Jsonb>, _>(result)
-        .bind::<Nullable<BigInt>, _>(retry_delay_us)
-        .execute(conn)
-        .await
-        .map(drop)
+    Prepared(
+        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6)")
+            .bind::<BigInt, _>(job_id)
+            .bind::<Integer, _>(attempt)
+            .bind::<Text, _>(outcome.as_sql())
+            .bind::<Nullable<Text>, _>(error)
+            .bind::<Nullable<Jsonb>, _>(result)
+            .bind::<Nullable<BigInt>, _>(retry_delay_us),
+    )
+    .execute(conn)
+    .await
+    .map(drop)
 }
 
 #[derive(QueryableByName)]
@@ -231,11 +318,13 @@ pub(crate) async fn promote(
     queues: &[String],
     limit: i32,
 ) -> diesel::QueryResult<i32> {
-    let row: CountRow = diesel::sql_query("SELECT pgfifo.promote($1, $2) AS n")
-        .bind::<Array<Text>, _>(queues)
-        .bind::<Integer, _>(limit)
-        .get_result(conn)
-        .await?;
+    let row: CountRow = Prepared(
+        diesel::sql_query("SELECT pgfifo.promote($1, $2) AS n")
+            .bind::<Array<Text>, _>(queues)
+            .bind::<Integer, _>(limit),
+    )
+    .get_result(conn)
+    .await?;
     Ok(row.n)
 }
 

@@ -19,7 +19,7 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use super::{JobEvent, JobOutcome, Shared};
-use crate::db::sql::{self, Outcome, PickedJob};
+use crate::db::sql::{self, Outcome, Picked, PickedJob};
 use crate::db::PooledConnection;
 use crate::job::{FailureKind, JobContext};
 use crate::registry::{Registration, RunFailure};
@@ -47,6 +47,9 @@ impl From<diesel::result::Error> for ConnectionLost {
 
 pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
     let mut turn = slot as i32;
+    // Where this worker's round-robin sweep over the groups continues (see
+    // `pgfifo.pick`); workers start at random places.
+    let mut cursor = random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32;
     let mut failures = 0u32;
     'slot: while !shared.stop.is_cancelled() {
         // Register for wake-ups before looking, so that a notification which
@@ -64,7 +67,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
                 break 'slot;
             }
             turn = turn.wrapping_add(1);
-            match run_one(&shared, &mut conn, turn).await {
+            match run_one(&shared, &mut conn, turn, &mut cursor).await {
                 Ok(true) => failures = 0,
                 Ok(false) => break,
                 Err(ConnectionLost(err)) => {
@@ -126,15 +129,29 @@ async fn run_one(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     turn: i32,
+    cursor: &mut i32,
 ) -> Result<bool, ConnectionLost> {
     // The previous job of this streak committed with `COMMIT; BEGIN`, which
     // leaves the next transaction open; otherwise open one.
     if depth(conn) != Some(1) {
         Tm::begin_transaction(conn).await?;
     }
-    let job = match sql::pick(conn, &shared.queues, turn, &shared.idle_bounds).await {
-        Ok(Some(job)) => job,
-        Ok(None) => {
+    let job = match sql::pick(conn, &shared.queues, turn, *cursor, &shared.idle_bounds).await {
+        Ok(Picked::Job(job)) => {
+            if let Some(slot) = job.slot {
+                *cursor = slot.wrapping_add(1);
+            }
+            job
+        }
+        Ok(Picked::Retry(slot)) => {
+            // A group changed under the pick: release it and look again.
+            if let Some(slot) = slot {
+                *cursor = slot.wrapping_add(1);
+            }
+            Tm::commit_transaction(conn).await?;
+            return Ok(true);
+        }
+        Ok(Picked::Nothing) => {
             // Commit, not roll back: an empty pick may have repaired a stale
             // group head (see pgfifo.pick), and a read-only commit is free.
             Tm::commit_transaction(conn).await?;
