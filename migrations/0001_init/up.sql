@@ -543,31 +543,56 @@ $$;
 -- Writes the outcome of an attempt, in the job's transaction, just before it
 -- commits. p_outcome is 'succeeded', 'retry', 'failed' or 'cancelled'. A
 -- retry keeps the job at the head of its group until p_retry_delay_us passes;
--- any other outcome advances the head.
+-- any other outcome advances the head. p_queue and p_group are the job's (the
+-- caller has them from pick).
 CREATE FUNCTION pgfifo.complete(
     p_id               bigint,
     p_attempt          integer,
     p_outcome          text,
     p_error            text,
     p_result           jsonb,
-    p_retry_delay_us   bigint
+    p_retry_delay_us   bigint,
+    p_queue            text,
+    p_group            text
 ) RETURNS void
 LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_job record;
-    v_now timestamptz := clock_timestamp();
+    v_now      timestamptz := clock_timestamp();
+    v_advanced integer := 0;
 BEGIN
     IF p_outcome NOT IN ('succeeded', 'retry', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'pgfifo complete: unknown outcome %', p_outcome;
     END IF;
-    SELECT queue, group_id INTO v_job FROM pgfifo.job WHERE id = p_id;
-    -- Advance first: the exclusive advisory lock is taken before this
-    -- transaction modifies the job row, so it never waits while holding a
-    -- change an enqueuer's unique-key check would wait for.
-    IF v_job.group_id IS NOT NULL AND p_outcome <> 'retry' THEN
-        PERFORM pgfifo.advance_head(v_job.queue, v_job.group_id, p_id);
+    IF p_group IS NOT NULL AND p_outcome <> 'retry' THEN
+        -- The common case in one statement: the group has a next job, which
+        -- becomes the head (a HOT update when it is ready at once).
+        WITH next AS (
+            SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+            WHERE j.queue = p_queue AND j.group_id = p_group AND j.state = 'queued' AND j.id <> p_id
+            ORDER BY j.id LIMIT 1),
+        moved AS (
+            UPDATE pgfifo.queue_group AS g
+            SET head_id  = next.id,
+                priority = next.priority,
+                ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
+                                THEN g.ready_at ELSE next.run_after END
+            FROM next
+            WHERE g.queue = p_queue AND g.group_id = p_group
+            RETURNING 1)
+        SELECT count(*) INTO v_advanced FROM moved;
+        -- No next job visible: advance_head waits for in-flight enqueuers
+        -- before declaring the group idle. It runs before this transaction
+        -- modifies the job row, so it never waits while holding a change an
+        -- enqueuer's unique-key check would wait for.
+        IF v_advanced = 0 THEN
+            PERFORM pgfifo.advance_head(p_queue, p_group, p_id);
+        END IF;
     END IF;
     UPDATE pgfifo.job SET
         state       = CASE WHEN p_outcome = 'retry' THEN 'queued' ELSE p_outcome END,
@@ -583,10 +608,10 @@ BEGIN
         UPDATE pgfifo.job_attempt SET error = p_error, finished_at = v_now
         WHERE job_id = p_id AND attempt = p_attempt;
     END IF;
-    IF v_job.group_id IS NOT NULL AND p_outcome = 'retry' THEN
+    IF p_group IS NOT NULL AND p_outcome = 'retry' THEN
         UPDATE pgfifo.queue_group
         SET ready_at = v_now + p_retry_delay_us * interval '1 microsecond'
-        WHERE queue = v_job.queue AND group_id = v_job.group_id;
+        WHERE queue = p_queue AND group_id = p_group;
     END IF;
 END
 $$;

@@ -136,8 +136,11 @@ struct PickRow {
 
 /// Locks and returns the next job of `queues`, in the caller's transaction.
 /// See `pgfifo.pick` for the locking contract.
+///
+/// Takes a shared reference so that it can be pipelined behind the previous
+/// job's `COMMIT; BEGIN` (see the worker).
 pub(crate) async fn pick(
-    conn: &mut AsyncPgConnection,
+    mut conn: &AsyncPgConnection,
     queues: &[String],
     turn: i32,
     slot: i32,
@@ -156,7 +159,7 @@ pub(crate) async fn pick(
         .bind::<Array<Integer>, _>(&idle.idle_ms)
         .bind::<Integer, _>(idle.default_idle_ms),
     )
-    .load(conn)
+    .load(&mut conn)
     .await?;
     let Some(row) = rows.pop() else {
         return Ok(Picked::Nothing);
@@ -281,9 +284,10 @@ impl Outcome {
 }
 
 /// Writes an attempt's outcome in the job's transaction (which then commits).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn complete(
     conn: &mut AsyncPgConnection,
-    job_id: i64,
+    job: &PickedJob,
     attempt: i32,
     outcome: Outcome,
     error: Option<&str>,
@@ -291,13 +295,15 @@ pub(crate) async fn complete(
     retry_delay_us: Option<i64>,
 ) -> diesel::QueryResult<()> {
     Prepared(
-        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6)")
-            .bind::<BigInt, _>(job_id)
+        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8)")
+            .bind::<BigInt, _>(job.id)
             .bind::<Integer, _>(attempt)
             .bind::<Text, _>(outcome.as_sql())
             .bind::<Nullable<Text>, _>(error)
             .bind::<Nullable<Jsonb>, _>(result)
-            .bind::<Nullable<BigInt>, _>(retry_delay_us),
+            .bind::<Nullable<BigInt>, _>(retry_delay_us)
+            .bind::<Text, _>(&job.queue)
+            .bind::<Nullable<Text>, _>(job.group_id.as_deref()),
     )
     .execute(conn)
     .await

@@ -61,13 +61,19 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
             continue;
         };
         // Drain: keep picking while picks return work; never wait for a timer
-        // while there is work.
+        // while there is work. A finished job's outcome is written but its
+        // COMMIT travels with the next pick (`pending`).
+        let mut pending: Option<JobEvent> = None;
         loop {
-            if shared.stop.is_cancelled() {
-                break 'slot;
-            }
             turn = turn.wrapping_add(1);
-            match run_one(&shared, &mut conn, turn, &mut cursor).await {
+            let step = if shared.stop.is_cancelled() {
+                commit_pending(&shared, &mut conn, &mut pending)
+                    .await
+                    .map(|()| false)
+            } else {
+                run_one(&shared, &mut conn, turn, &mut cursor, &mut pending).await
+            };
+            match step {
                 Ok(true) => failures = 0,
                 Ok(false) => break,
                 Err(ConnectionLost(err)) => {
@@ -130,13 +136,41 @@ async fn run_one(
     conn: &mut AsyncPgConnection,
     turn: i32,
     cursor: &mut i32,
+    pending: &mut Option<JobEvent>,
 ) -> Result<bool, ConnectionLost> {
-    // The previous job of this streak committed with `COMMIT; BEGIN`, which
-    // leaves the next transaction open; otherwise open one.
-    if depth(conn) != Some(1) {
-        Tm::begin_transaction(conn).await?;
-    }
-    let job = match sql::pick(conn, &shared.queues, turn, *cursor, &shared.idle_bounds).await {
+    let picked = match pending.take() {
+        // One round trip: commit the previous job, open the next transaction
+        // and pick. The simple-query COMMIT; BEGIN is written to the socket
+        // before the pick. If the COMMIT fails, PostgreSQL skips the BEGIN and
+        // pick refuses to run outside a transaction block, so no job ever
+        // runs without its locks.
+        Some(done) => {
+            let (committed, picked) = {
+                let mut shared_conn: &AsyncPgConnection = conn;
+                tokio::join!(
+                    shared_conn.batch_execute(COMMIT_AND_BEGIN),
+                    sql::pick(conn, &shared.queues, turn, *cursor, &shared.idle_bounds)
+                )
+            };
+            if let Err(err) = committed {
+                Tm::transaction_manager_status_mut(conn).set_in_error();
+                return Err(ConnectionLost(format!(
+                    "commit of job {} failed: {err}",
+                    done.id
+                )));
+            }
+            set_depth(conn, 1)?;
+            shared.emit(done);
+            picked
+        }
+        None => {
+            if depth(conn) != Some(1) {
+                Tm::begin_transaction(conn).await?;
+            }
+            sql::pick(conn, &shared.queues, turn, *cursor, &shared.idle_bounds).await
+        }
+    };
+    let job = match picked {
         Ok(Picked::Job(job)) => {
             if let Some(slot) = job.slot {
                 *cursor = slot.wrapping_add(1);
@@ -176,8 +210,28 @@ async fn run_one(
         group = job.group_id.as_deref().unwrap_or(""),
         attempt = tracing::field::Empty,
     );
-    execute(shared, conn, job).instrument(span).await?;
+    *pending = execute(shared, conn, job).instrument(span).await?;
     Ok(true)
+}
+
+/// Commits the outcome written last, if any, and emits its event.
+async fn commit_pending(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    pending: &mut Option<JobEvent>,
+) -> Result<(), ConnectionLost> {
+    if let Some(done) = pending.take() {
+        if let Err(err) = conn.batch_execute("COMMIT").await {
+            Tm::transaction_manager_status_mut(conn).set_in_error();
+            return Err(ConnectionLost(format!(
+                "commit of job {} failed: {err}",
+                done.id
+            )));
+        }
+        set_depth(conn, 0)?;
+        shared.emit(done);
+    }
+    Ok(())
 }
 
 /// How a handler run ended.
@@ -190,13 +244,14 @@ enum Ran {
     Aborted,
 }
 
-/// Runs a picked job to its outcome. On return the job's transaction is over:
-/// committed with the outcome, or rolled back (`Err`, or an aborted run).
+/// Runs a picked job to its outcome. Returns the outcome's event when the
+/// outcome is written and awaits its COMMIT, `None` when the transaction was
+/// rolled back (an aborted run), `Err` when the connection must be dropped.
 async fn execute(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     job: PickedJob,
-) -> Result<(), ConnectionLost> {
+) -> Result<Option<JobEvent>, ConnectionLost> {
     // The handler's savepoint (named as diesel names depth 1's savepoint, so
     // diesel's rollback at depth 2 returns to it), set while the bookkeeper
     // records the attempt on its own connection: one round trip for both.
@@ -375,7 +430,8 @@ impl FailureText {
     }
 }
 
-/// Writes the outcome and commits the job's transaction.
+/// Writes the outcome in the job's transaction; the caller commits it and
+/// then emits the returned event.
 #[allow(clippy::too_many_arguments)]
 async fn finish(
     shared: &Shared,
@@ -386,26 +442,12 @@ async fn finish(
     error: Option<&str>,
     result: Option<&serde_json::Value>,
     delay: Option<Duration>,
-) -> Result<(), ConnectionLost> {
+) -> Result<Option<JobEvent>, ConnectionLost> {
     let delay_us = delay.map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    if let Err(err) = sql::complete(conn, job.id, attempt, outcome, error, result, delay_us).await {
+    if let Err(err) = sql::complete(conn, job, attempt, outcome, error, result, delay_us).await {
         let _ = rollback_to(shared, conn, 0, job.backend_pid).await;
         return Err(err.into());
     }
-    // Commit, and open the next job's transaction in the same round trip
-    // unless the runner is stopping. If the COMMIT fails the BEGIN is skipped
-    // and the next pick refuses to run outside a transaction block.
-    let keep_open = !shared.stop.is_cancelled();
-    let statement = if keep_open {
-        COMMIT_AND_BEGIN
-    } else {
-        "COMMIT"
-    };
-    if let Err(err) = conn.batch_execute(statement).await {
-        Tm::transaction_manager_status_mut(conn).set_in_error();
-        return Err(err.into());
-    }
-    set_depth(conn, u32::from(keep_open))?;
     let error = error.unwrap_or_default().to_owned();
     let outcome = match outcome {
         Outcome::Succeeded => {
@@ -426,8 +468,7 @@ async fn finish(
             JobOutcome::Cancelled { reason: error }
         }
     };
-    shared.emit(event(job, attempt, outcome));
-    Ok(())
+    Ok(Some(event(job, attempt, outcome)))
 }
 
 async fn finish_failed(
@@ -436,7 +477,7 @@ async fn finish_failed(
     job: &PickedJob,
     attempt: i32,
     error: String,
-) -> Result<(), ConnectionLost> {
+) -> Result<Option<JobEvent>, ConnectionLost> {
     finish(
         shared,
         conn,
@@ -457,7 +498,7 @@ async fn abort(
     conn: &mut AsyncPgConnection,
     job: &PickedJob,
     attempt: i32,
-) -> Result<(), ConnectionLost> {
+) -> Result<Option<JobEvent>, ConnectionLost> {
     shared.bookkeeper.forget_attempt(job.id, attempt).await;
     let reason = "aborted by runner shutdown".to_owned();
     tracing::warn!("job aborted by shutdown; it will run again");
@@ -470,7 +511,7 @@ async fn abort(
         },
     ));
     if rolled_back {
-        Ok(())
+        Ok(None)
     } else {
         Err(ConnectionLost(reason))
     }

@@ -1,0 +1,509 @@
+//! What `fault-worker` processes record about every handler run, and the
+//! checks the fault-injection suite makes on those records.
+//!
+//! Each worker appends lines to a file of its own, one `write` per line (an
+//! `O_APPEND` file: a SIGKILL cannot tear a line):
+//! * `S` when a handler starts;
+//! * `E` when it ends (returned, failed, or is about to panic), with whether
+//!   its write to the database went through;
+//! * `A` just before a poison handler aborts its process.
+//!
+//! A run that has an `S` but no `E` line was cut off: its process died
+//! (SIGKILL, abort), or the runner dropped it at its timeout. Times are ns of
+//! `CLOCK_REALTIME`, shared by every process on the machine.
+//!
+//! The records cover every run, committed or not, so they show what the
+//! committed log in the database cannot: a run that was rolled back while
+//! another run of its group was already going.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+/// What a fault-suite job does when it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Mode {
+    /// Sleeps its `work_ms`, logs the run in the job's transaction, succeeds.
+    Normal,
+    /// Hangs past its timeout on attempt 1, then behaves normally.
+    HangOnce,
+    /// Hangs past its timeout on every attempt: fails at max attempts.
+    HangAlways,
+    /// Logs the run, then panics on attempt 1 (the log row rolls back), then
+    /// behaves normally.
+    PanicOnce,
+    /// Logs the run, then panics on every attempt: fails at max attempts.
+    PanicAlways,
+    /// Aborts its process (`std::process::abort`) on every attempt.
+    Poison,
+}
+
+impl Mode {
+    /// Whether the job must end `succeeded` (otherwise `failed`).
+    pub fn succeeds(self) -> bool {
+        matches!(self, Mode::Normal | Mode::HangOnce | Mode::PanicOnce)
+    }
+}
+
+/// One record line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// A handler started.
+    Start {
+        /// The run.
+        run: RunKey,
+        /// Its group (the suite's group number).
+        grp: u32,
+        /// Its place in the group (enqueue order).
+        seq: u32,
+        /// The worker process.
+        pid: u32,
+        /// When (ns since the epoch).
+        ns: i64,
+    },
+    /// A handler ended.
+    End {
+        /// The run.
+        run: RunKey,
+        /// When (ns since the epoch).
+        ns: i64,
+        /// `ok` (the log row was written in the job's transaction), `dberr`
+        /// (that write failed: the transaction is gone) or `panic` (written,
+        /// then the handler panics).
+        outcome: String,
+    },
+    /// A poison handler is about to abort its process.
+    Abort {
+        /// The run.
+        run: RunKey,
+        /// The worker process.
+        pid: u32,
+        /// When (ns since the epoch).
+        ns: i64,
+    },
+}
+
+/// A run: the job and the attempt number (unique per job: attempts are
+/// numbered by `pgfifo.job_attempt`'s primary key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunKey {
+    /// The job's id.
+    pub job: i64,
+    /// The attempt.
+    pub attempt: u32,
+}
+
+impl Line {
+    /// The record line, with its newline.
+    pub fn to_line(&self) -> String {
+        match self {
+            Line::Start {
+                run,
+                grp,
+                seq,
+                pid,
+                ns,
+            } => format!(
+                "S\t{}\t{}\t{grp}\t{seq}\t{pid}\t{ns}\n",
+                run.job, run.attempt
+            ),
+            Line::End { run, ns, outcome } => {
+                format!("E\t{}\t{}\t{ns}\t{outcome}\n", run.job, run.attempt)
+            }
+            Line::Abort { run, pid, ns } => {
+                format!("A\t{}\t{}\t{pid}\t{ns}\n", run.job, run.attempt)
+            }
+        }
+    }
+
+    /// Parses a line written by [`to_line`](Self::to_line).
+    pub fn parse(line: &str) -> Result<Line, String> {
+        let f: Vec<&str> = line.trim_end_matches('\n').split('\t').collect();
+        let bad = || format!("bad record line {line:?}");
+        let num = |i: usize| -> Result<i64, String> {
+            f.get(i).and_then(|s| s.parse().ok()).ok_or_else(bad)
+        };
+        let small = |i: usize| -> Result<u32, String> {
+            f.get(i).and_then(|s| s.parse().ok()).ok_or_else(bad)
+        };
+        let key = || -> Result<RunKey, String> {
+            Ok(RunKey {
+                job: num(1)?,
+                attempt: small(2)?,
+            })
+        };
+        match (f.first().copied(), f.len()) {
+            (Some("S"), 7) => Ok(Line::Start {
+                run: key()?,
+                grp: small(3)?,
+                seq: small(4)?,
+                pid: small(5)?,
+                ns: num(6)?,
+            }),
+            (Some("E"), 5) => Ok(Line::End {
+                run: key()?,
+                ns: num(3)?,
+                outcome: f[4].to_owned(),
+            }),
+            (Some("A"), 5) => Ok(Line::Abort {
+                run: key()?,
+                pid: small(3)?,
+                ns: num(4)?,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Parses a records file's text. Unparsable lines are returned apart (there
+/// should be none).
+pub fn parse_all(text: &str) -> (Vec<Line>, Vec<String>) {
+    let mut lines = Vec::new();
+    let mut bad = Vec::new();
+    for l in text.lines().filter(|l| !l.is_empty()) {
+        match Line::parse(l) {
+            Ok(line) => lines.push(line),
+            Err(_) => bad.push(l.to_owned()),
+        }
+    }
+    (lines, bad)
+}
+
+/// Runs that started and have not ended (no `E` or `A` line yet).
+pub fn in_flight(lines: &[Line]) -> usize {
+    let mut open = std::collections::HashSet::new();
+    for line in lines {
+        match line {
+            Line::Start { run, .. } => {
+                open.insert(*run);
+            }
+            Line::End { run, .. } | Line::Abort { run, .. } => {
+                open.remove(run);
+            }
+        }
+    }
+    open.len()
+}
+
+/// One run as far as exclusivity is concerned: the interval during which it
+/// may have held its group's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    /// The run.
+    pub run: RunKey,
+    /// Its group.
+    pub grp: u32,
+    /// Its place in the group.
+    pub seq: u32,
+    /// Its process.
+    pub pid: u32,
+    /// When the handler started.
+    pub start: i64,
+    /// When the run lost (or gave up) the group at the latest.
+    pub end: i64,
+    /// Why the run ended at `end`.
+    pub cut: Cut,
+}
+
+/// How a run's interval ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// The handler's `E` line.
+    Ended,
+    /// Its process died (SIGKILL or abort) then.
+    Died,
+    /// Every pgfifo connection was cut then (terminate or restart): the run's
+    /// transaction, and with it the group's lock, was gone after that moment.
+    DatabaseFault,
+    /// No end was recorded: the runner dropped the handler at its timeout.
+    TimedOut,
+}
+
+/// What the suite knows about the run besides the records.
+#[derive(Debug, Default)]
+pub struct Context {
+    /// When each process died (SIGKILL sent, or the poison's `A` line).
+    pub deaths: HashMap<u32, i64>,
+    /// When each database fault began (every connection cut from then on).
+    pub db_faults: Vec<i64>,
+    /// The handler timeout of each job (ns); runs without an end are bounded
+    /// by it.
+    pub timeout_ns: HashMap<i64, i64>,
+}
+
+/// Builds the intervals of every run from all processes' records.
+pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
+    let mut ends: HashMap<RunKey, i64> = HashMap::new();
+    for line in lines {
+        match line {
+            Line::End { run, ns, .. } | Line::Abort { run, ns, .. } => {
+                ends.insert(*run, *ns);
+            }
+            Line::Start { .. } => {}
+        }
+    }
+    let mut faults = ctx.db_faults.clone();
+    faults.sort_unstable();
+    let mut out = Vec::new();
+    for line in lines {
+        let Line::Start {
+            run,
+            grp,
+            seq,
+            pid,
+            ns,
+        } = *line
+        else {
+            continue;
+        };
+        let mut candidates: Vec<(i64, Cut)> = Vec::new();
+        if let Some(&end) = ends.get(&run) {
+            candidates.push((end, Cut::Ended));
+        }
+        if let Some(&death) = ctx.deaths.get(&pid) {
+            if death >= ns {
+                candidates.push((death, Cut::Died));
+            }
+        }
+        if let Some(&fault) = faults.iter().find(|&&f| f >= ns) {
+            candidates.push((fault, Cut::DatabaseFault));
+        }
+        if candidates.is_empty() {
+            let timeout = ctx.timeout_ns.get(&run.job).copied().unwrap_or(0);
+            candidates.push((ns + timeout, Cut::TimedOut));
+        }
+        let (end, cut) = candidates
+            .into_iter()
+            .min_by_key(|c| c.0)
+            .expect("one candidate at least");
+        out.push(Interval {
+            run,
+            grp,
+            seq,
+            pid,
+            start: ns,
+            end,
+            cut,
+        });
+    }
+    out
+}
+
+/// Intervals per group, sorted by start.
+pub fn by_group(intervals: &[Interval]) -> BTreeMap<u32, Vec<Interval>> {
+    let mut groups: BTreeMap<u32, Vec<Interval>> = BTreeMap::new();
+    for i in intervals {
+        groups.entry(i.grp).or_default().push(*i);
+    }
+    for g in groups.values_mut() {
+        g.sort_by_key(|i| (i.start, i.end, i.run));
+    }
+    groups
+}
+
+/// Pairs of runs of one group that overlap in time: `(earlier, later)` where
+/// `later` started before `earlier` lost its group.
+pub fn overlaps(intervals: &[Interval]) -> Vec<(Interval, Interval)> {
+    let mut found = Vec::new();
+    for group in by_group(intervals).values() {
+        let mut latest: Option<Interval> = None;
+        for i in group {
+            if let Some(prev) = latest {
+                if i.start <= prev.end {
+                    found.push((prev, *i));
+                }
+            }
+            if latest.is_none_or(|p| i.end > p.end) {
+                latest = Some(*i);
+            }
+        }
+    }
+    found
+}
+
+/// Consecutive runs of one group (by start) whose `seq` goes down: a job
+/// started before a job enqueued ahead of it in its group had finished.
+pub fn order_violations(intervals: &[Interval]) -> Vec<(Interval, Interval)> {
+    let mut found = Vec::new();
+    for group in by_group(intervals).values() {
+        for pair in group.windows(2) {
+            if pair[1].seq < pair[0].seq {
+                found.push((pair[0], pair[1]));
+            }
+        }
+    }
+    found
+}
+
+/// A simple seeded pseudo-random generator (xorshift64*), enough to pick
+/// victims and moments reproducibly from a printed seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed` (any value).
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15 | 1)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    /// An index below `n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Shuffles `items` (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i + 1);
+            items.swap(i, j);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(job: i64, attempt: u32) -> RunKey {
+        RunKey { job, attempt }
+    }
+
+    fn start(job: i64, attempt: u32, grp: u32, seq: u32, pid: u32, ns: i64) -> Line {
+        Line::Start {
+            run: key(job, attempt),
+            grp,
+            seq,
+            pid,
+            ns,
+        }
+    }
+
+    fn end(job: i64, attempt: u32, ns: i64) -> Line {
+        Line::End {
+            run: key(job, attempt),
+            ns,
+            outcome: "ok".into(),
+        }
+    }
+
+    #[test]
+    fn lines_round_trip() {
+        for line in [
+            start(7, 2, 3, 4, 99, 1_700_000_000_000_000_000),
+            Line::End {
+                run: key(7, 2),
+                ns: 5,
+                outcome: "dberr".into(),
+            },
+            Line::Abort {
+                run: key(8, 1),
+                pid: 42,
+                ns: 6,
+            },
+        ] {
+            assert_eq!(Line::parse(&line.to_line()), Ok(line));
+        }
+        assert!(Line::parse("S\t1\t2").is_err());
+        let (lines, bad) = parse_all("S\t1\t1\t0\t0\t9\t10\nE\t1\t1\t20\tok\nS\t2\t1\t0");
+        assert_eq!((lines.len(), bad.len()), (2, 1));
+        assert_eq!(in_flight(&lines), 0);
+    }
+
+    #[test]
+    fn cut_off_runs_end_at_death_fault_or_timeout() {
+        let lines = [
+            start(1, 1, 0, 0, 10, 100), // killed at 150
+            start(2, 1, 1, 0, 11, 100), // database fault at 130
+            start(3, 1, 2, 0, 12, 100), // timed out (timeout 40)
+            start(4, 1, 3, 0, 12, 100),
+            end(4, 1, 120), // ended normally before the fault
+        ];
+        let ctx = Context {
+            deaths: HashMap::from([(10, 150)]),
+            db_faults: vec![130, 50],
+            timeout_ns: HashMap::from([(3, 40)]),
+        };
+        let got: Vec<(i64, Cut)> = intervals(&lines, &ctx)
+            .iter()
+            .map(|i| (i.end, i.cut))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (130, Cut::DatabaseFault),
+                (130, Cut::DatabaseFault),
+                (130, Cut::DatabaseFault),
+                (120, Cut::Ended)
+            ]
+        );
+        let ctx = Context {
+            deaths: HashMap::from([(10, 150)]),
+            db_faults: vec![],
+            timeout_ns: HashMap::from([(3, 40)]),
+        };
+        let got: Vec<(i64, Cut)> = intervals(&lines[..3], &ctx)
+            .iter()
+            .map(|i| (i.end, i.cut))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(150, Cut::Died), (100, Cut::TimedOut), (140, Cut::TimedOut)]
+        );
+    }
+
+    #[test]
+    fn finds_overlaps_and_order_violations_within_groups() {
+        let lines = [
+            start(1, 1, 0, 0, 1, 0),
+            end(1, 1, 10),
+            start(2, 1, 0, 1, 2, 11),
+            end(2, 1, 20),
+            // Group 1: the second run starts while the first still runs.
+            start(3, 1, 1, 0, 1, 0),
+            end(3, 1, 10),
+            start(4, 1, 1, 1, 2, 5),
+            end(4, 1, 20),
+            // Group 2: seq 1 before seq 0.
+            start(5, 1, 2, 1, 1, 0),
+            end(5, 1, 1),
+            start(6, 1, 2, 0, 1, 2),
+            end(6, 1, 3),
+        ];
+        let iv = intervals(&lines, &Context::default());
+        let o = overlaps(&iv);
+        assert_eq!(o.len(), 1);
+        assert_eq!((o[0].0.run.job, o[0].1.run.job), (3, 4));
+        let v = order_violations(&iv);
+        assert_eq!(v.len(), 1);
+        assert_eq!((v[0].0.run.job, v[0].1.run.job), (5, 6));
+    }
+
+    #[test]
+    fn rng_is_reproducible_and_in_range() {
+        let (mut a, mut b) = (Rng::new(5), Rng::new(5));
+        for _ in 0..100 {
+            let x = a.range(3, 9);
+            assert_eq!(x, b.range(3, 9));
+            assert!((3..=9).contains(&x));
+        }
+        let mut v: Vec<u32> = (0..20).collect();
+        a.shuffle(&mut v);
+        v.sort_unstable();
+        assert_eq!(v, (0..20).collect::<Vec<_>>());
+    }
+}
