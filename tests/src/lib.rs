@@ -16,6 +16,7 @@ use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::{Pool, RunnerConfig};
 
+pub mod faults;
 pub mod records;
 
 /// The server tests run against.

@@ -24,7 +24,8 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let server = inputs.database_url();
     common::set_work_ms(work_ms);
 
-    let (pool, url) = common::fresh_database(&server, "pgfifo_bench", workers as u32 + 4).await?;
+    let (pool, url) =
+        common::fresh_database(&server, "pgfifo_bench", workers as u32 * 2 + 4).await?;
     progress!("enqueueing {jobs} jobs over {groups} groups");
     let enqueue_secs = enqueue_round_robin(&pool, jobs, groups).await?;
     let enqueue_rate = jobs as f64 / enqueue_secs;

@@ -169,7 +169,8 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
 
 /// One phase: returns its figures.
 async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
-    let (pool, _url) = common::fresh_database(server, DATABASE, load.workers as u32 + 10).await?;
+    let (pool, _url) =
+        common::fresh_database(server, DATABASE, load.workers as u32 * 2 + 10).await?;
     common::epoch();
     common::take_records();
     *HOLD_TIMES.lock().expect("hold times") = (None, None);

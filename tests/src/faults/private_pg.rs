@@ -71,7 +71,8 @@ impl PrivatePg {
         ));
         let _ = std::fs::remove_dir_all(&root);
         let pg_dir = root.join("pg");
-        std::fs::create_dir_all(&pg_dir).map_err(|e| format!("create {}: {e}", pg_dir.display()))?;
+        std::fs::create_dir_all(&pg_dir)
+            .map_err(|e| format!("create {}: {e}", pg_dir.display()))?;
         let bin = PathBuf::from(
             std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned()),
         );
@@ -92,10 +93,14 @@ impl PrivatePg {
             keep_files: false,
         };
         let mut initdb = pg.command("initdb");
-        initdb
-            .arg("-D")
-            .arg(&pg.data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions"]);
+        initdb.arg("-D").arg(&pg.data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        ]);
         run(&mut initdb)?;
         let conf = format!(
             "\n# pgfifo fault-injection suite\n\
@@ -282,8 +287,7 @@ fn sweep_stale() {
         let data = root.join("pg").join("data");
         if data.join("postmaster.pid").exists() {
             let bin = PathBuf::from(
-                std::env::var("PG_BIN")
-                    .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned()),
+                std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned()),
             );
             let mut cmd = if running_as_root() {
                 let mut cmd = Command::new("runuser");
@@ -292,10 +296,12 @@ fn sweep_stale() {
             } else {
                 Command::new(bin.join("pg_ctl"))
             };
-            cmd.current_dir(root.join("pg"))
-                .arg("-D")
-                .arg(&data)
-                .args(["-m", "immediate", "-w", "stop"]);
+            cmd.current_dir(root.join("pg")).arg("-D").arg(&data).args([
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ]);
             let _ = cmd.output();
         }
         let _ = std::fs::remove_dir_all(&data);

@@ -215,7 +215,8 @@ pub enum Cut {
     /// Every pgfifo connection was cut then (terminate or restart): the run's
     /// transaction, and with it the group's lock, was gone after that moment.
     DatabaseFault,
-    /// No end was recorded: the runner dropped the handler at its timeout.
+    /// The handler's timeout: the runner drops a handler then, so no run
+    /// executes longer (a frozen process aside).
     TimedOut,
 }
 
@@ -268,9 +269,12 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
         if let Some(&fault) = faults.iter().find(|&&f| f >= ns) {
             candidates.push((fault, Cut::DatabaseFault));
         }
-        if candidates.is_empty() {
-            let timeout = ctx.timeout_ns.get(&run.job).copied().unwrap_or(0);
-            candidates.push((ns + timeout, Cut::TimedOut));
+        // The runner drops a handler at its timeout: no run executes longer
+        // (a frozen process aside, which the suite checks on its own).
+        match ctx.timeout_ns.get(&run.job) {
+            Some(&timeout) => candidates.push((ns + timeout, Cut::TimedOut)),
+            None if candidates.is_empty() => candidates.push((ns, Cut::TimedOut)),
+            None => {}
         }
         let (end, cut) = candidates
             .into_iter()

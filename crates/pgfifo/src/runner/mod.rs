@@ -20,7 +20,7 @@ mod worker;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::{broadcast, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -51,6 +51,14 @@ pub struct RunnerConfig {
     /// How many jobs may run at once in this process (default 10). Each
     /// running job holds one pooled connection.
     pub concurrency: usize,
+    /// How many jobs may be taken ahead of a free slot (default
+    /// `concurrency / 2`, at least 1). While handlers run, these extra
+    /// connections commit finished jobs and pick the next ones, so a slot
+    /// that frees up starts its next job at once instead of after several
+    /// round trips. A prefetched job holds its group (nobody else can run
+    /// it) and counts an attempt from the moment it is taken. The runner
+    /// uses up to `concurrency + prefetch + 2` pooled connections.
+    pub prefetch: Option<usize>,
     /// How often an idle runner looks for work when no notification arrives
     /// (default 1 s). Notifications make new jobs start within milliseconds;
     /// polling catches delayed jobs and retries whose time has come.
@@ -77,6 +85,7 @@ impl Default for RunnerConfig {
         Self {
             queues: None,
             concurrency: 10,
+            prefetch: None,
             poll_interval: Duration::from_secs(1),
             default_timeout: Duration::from_secs(300),
             max_backoff: Duration::from_secs(3600),
@@ -101,6 +110,12 @@ impl RunnerConfig {
     /// Runs at most `n` jobs at once.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n;
+        self
+    }
+
+    /// Takes up to `n` jobs ahead of a free slot (see [`RunnerConfig::prefetch`]).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = Some(n);
         self
     }
 
@@ -236,6 +251,10 @@ pub(crate) struct Shared {
     pub events: broadcast::Sender<JobEvent>,
     pub bookkeeper: bookkeeper::Bookkeeper,
     pub idle_bounds: IdleBounds,
+    /// Jobs taken ahead of a free slot (lanes beyond `concurrency`).
+    pub prefetch: usize,
+    /// One permit per job allowed to run at once.
+    pub slots: Semaphore,
 }
 
 impl Shared {
@@ -304,8 +323,11 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     let bookkeeper =
         bookkeeper::Bookkeeper::spawn(pool.clone(), config.name.clone(), service.clone(), &tracker);
     let idle_bounds = idle_bounds(registry, &config);
+    let prefetch = config.prefetch.unwrap_or((config.concurrency / 2).max(1));
     let shared = Arc::new(Shared {
         idle_bounds,
+        prefetch,
+        slots: Semaphore::new(config.concurrency),
         pool,
         queues,
         registry,
@@ -318,8 +340,8 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     });
     tracker.spawn(listener::run(shared.clone(), service.clone()));
     let workers = TaskTracker::new();
-    for slot in 0..shared.config.concurrency {
-        workers.spawn(worker::run(shared.clone(), slot));
+    for lane in 0..shared.config.concurrency + shared.prefetch {
+        workers.spawn(worker::run(shared.clone(), lane));
     }
     workers.close();
     // The service tasks stop once every worker has.

@@ -31,6 +31,10 @@ type Tm = <AsyncPgConnection as AsyncConnection>::TransactionManager;
 const ROLLBACK_PATIENCE: Duration = Duration::from_secs(2);
 /// How long to wait after cancelling before giving the connection up.
 const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
+/// How long a prefetched job may wait for a free slot before it is handed
+/// back. Long enough to cover the normal wait for a handler to finish, short
+/// enough that a group does not sit locked behind a long job.
+const SLOT_PATIENCE: Duration = Duration::from_secs(2);
 /// A wait for a pooled connection longer than this is logged.
 const SLOW_POOL: Duration = Duration::from_secs(1);
 
@@ -290,12 +294,27 @@ async fn execute(
         );
         return finish_failed(shared, conn, &job, attempt, error).await;
     };
+    // Wait for a free slot: at most `concurrency` handlers run at once. Lanes
+    // beyond that have their next job picked, locked and its attempt recorded
+    // meanwhile. A job that waits too long is handed back (and its attempt
+    // forgotten) rather than sit on its group.
+    let permit = tokio::select! {
+        permit = shared.slots.acquire() => permit.ok(),
+        () = tokio::time::sleep(SLOT_PATIENCE) => None,
+        () = shared.stop.cancelled() => None,
+    };
+    let Some(_permit) = permit else {
+        return hand_back(shared, conn, &job, attempt).await;
+    };
     tracing::debug!("job started");
 
     let timeout = registration
         .timeout
         .unwrap_or(shared.config.default_timeout);
     let ran = run_handler(shared, conn, &job, attempt, registration, timeout).await;
+    // The slot is free as soon as the handler is done; writing the outcome and
+    // committing overlap with the next handler.
+    drop(_permit);
 
     let failure = match ran {
         Ran::Ok(result) => {
@@ -489,6 +508,31 @@ async fn finish_failed(
         None,
     )
     .await
+}
+
+/// Gives back a job that was taken but not started (no free slot in time, or
+/// the runner is stopping): forget its attempt and roll back, releasing its
+/// group at once.
+async fn hand_back(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: &PickedJob,
+    attempt: i32,
+) -> Result<Option<JobEvent>, ConnectionLost> {
+    shared.bookkeeper.forget_attempt(job.id, attempt).await;
+    tracing::debug!("job handed back before it started");
+    if !rollback_to(shared, conn, 0, job.backend_pid).await {
+        return Err(ConnectionLost(
+            "could not roll back a job handed back".into(),
+        ));
+    }
+    // Every slot is busy with long jobs: take nothing until one frees up,
+    // rather than lock and hand back job after job.
+    tokio::select! {
+        permit = shared.slots.acquire() => drop(permit),
+        () = shared.stop.cancelled() => {}
+    }
+    Ok(None)
 }
 
 /// Shutdown deadline: forget the attempt (a graceful stop must not use up

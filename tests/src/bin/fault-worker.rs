@@ -1,0 +1,316 @@
+//! `fault-worker`: one runner process of the fault-injection suite
+//! (`tests/faults.rs`), which kills, freezes and disconnects it.
+//!
+//! Environment:
+//! * `DATABASE_URL`: the (migrated) database, with a `fault_log` table;
+//! * `APP_NAME`: the `application_name` of every connection of this process
+//!   (the suite finds and terminates its connections by it);
+//! * `RECORDS_FILE`: where each handler run is recorded (see
+//!   `pgfifo_tests::faults::runs`);
+//! * `QUEUES`: comma-separated queues to serve (default `faults`);
+//! * `CONCURRENCY`: jobs at once (default 4);
+//! * `IDLE_GRACE_MS`: `RunnerConfig::idle_grace` (default 2000);
+//! * `FREEZE_HOLD_MS`: how long a freeze job waits at its freeze point
+//!   (default 2000);
+//! * `EXIT_WITH_STDIN=1`: exit when stdin closes (the suite died).
+//!
+//! Stdout carries `ready pid=<pid>` once the runner runs,
+//! `freeze-point job=<id> pid=<pid> pre_ns=<ns> done_ns=<ns>` when a freeze
+//! job has written its log row and waits to be frozen, and `done pid=<pid>`
+//! after a graceful stop (SIGTERM/SIGINT).
+//!
+//! Every handler writes one `fault_log` row through the job's own
+//! transaction, so the table holds exactly the runs that committed.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use diesel::sql_types::{BigInt, Integer, Text};
+use diesel_async::RunQueryDsl;
+use pgfifo::{async_trait, Handler, Job, JobContext, JobError, RunnerConfig};
+use pgfifo_tests::faults::runs::{Line, Mode, RunKey};
+use pgfifo_tests::records::now_ns;
+use serde::{Deserialize, Serialize};
+
+/// The suite's main job. `tests/faults.rs` declares the same type (same name,
+/// queue and fields) to enqueue it.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    name = "faults.job",
+    queue = "faults",
+    max_attempts = 25,
+    timeout = "4s",
+    backoff = "100ms"
+)]
+struct FaultJob {
+    grp: u32,
+    seq: u32,
+    mode: Mode,
+    work_ms: u32,
+}
+
+/// The frozen-worker scenario's job: with `freeze`, attempt 1 writes its log
+/// row, announces its freeze point on stdout and waits, so that the suite can
+/// SIGSTOP the process mid-handler.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    name = "faults.freeze",
+    queue = "freeze",
+    max_attempts = 10,
+    timeout = "3s",
+    backoff = "100ms"
+)]
+struct FreezeJob {
+    grp: u32,
+    seq: u32,
+    freeze: bool,
+    work_ms: u32,
+}
+
+static RECORDS: OnceLock<Mutex<File>> = OnceLock::new();
+static FREEZE_HOLD: OnceLock<Duration> = OnceLock::new();
+
+fn record(line: &Line) {
+    let records = RECORDS.get().expect("records file opened in main");
+    let mut file = records.lock().unwrap_or_else(|p| p.into_inner());
+    // One write per line: the file is O_APPEND, a kill cannot tear a line.
+    if let Err(e) = file.write_all(line.to_line().as_bytes()) {
+        eprintln!("fault-worker: cannot write a record: {e}");
+        std::process::exit(5);
+    }
+}
+
+/// Writes the run's `fault_log` row through the job's transaction.
+async fn log_run(
+    ctx: &mut JobContext<'_>,
+    queue: &str,
+    grp: u32,
+    seq: u32,
+    start_ns: i64,
+    end_ns: i64,
+) -> Result<(), diesel::result::Error> {
+    let (id, attempt) = (ctx.id(), ctx.attempt());
+    diesel::sql_query(
+        "INSERT INTO fault_log (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind::<BigInt, _>(id)
+    .bind::<Integer, _>(attempt as i32)
+    .bind::<Text, _>(queue)
+    .bind::<Integer, _>(grp as i32)
+    .bind::<Integer, _>(seq as i32)
+    .bind::<Integer, _>(std::process::id() as i32)
+    .bind::<BigInt, _>(start_ns)
+    .bind::<BigInt, _>(end_ns)
+    .execute(ctx.conn())
+    .await
+    .map(drop)
+}
+
+fn started(ctx: &JobContext<'_>, grp: u32, seq: u32) -> (RunKey, i64) {
+    let run = RunKey {
+        job: ctx.id(),
+        attempt: ctx.attempt(),
+    };
+    let ns = now_ns();
+    record(&Line::Start {
+        run,
+        grp,
+        seq,
+        pid: std::process::id(),
+        ns,
+    });
+    (run, ns)
+}
+
+fn ended(run: RunKey, outcome: &str) {
+    record(&Line::End {
+        run,
+        ns: now_ns(),
+        outcome: outcome.to_owned(),
+    });
+}
+
+/// Sleeps far past any job timeout: the runner cancels the handler.
+async fn hang() {
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+}
+
+#[async_trait]
+impl Handler for FaultJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let (run, start_ns) = started(ctx, self.grp, self.seq);
+        let first = ctx.attempt() == 1;
+        match self.mode {
+            Mode::Poison => {
+                record(&Line::Abort {
+                    run,
+                    pid: std::process::id(),
+                    ns: now_ns(),
+                });
+                std::process::abort();
+            }
+            Mode::HangAlways => hang().await,
+            Mode::HangOnce if first => hang().await,
+            _ => {}
+        }
+        if self.work_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
+        }
+        let logged = log_run(ctx, "faults", self.grp, self.seq, start_ns, now_ns()).await;
+        let panics = self.mode == Mode::PanicAlways || (self.mode == Mode::PanicOnce && first);
+        let outcome = match (&logged, panics) {
+            (Err(_), _) => "dberr",
+            (Ok(()), true) => "panic",
+            (Ok(()), false) => "ok",
+        };
+        ended(run, outcome);
+        logged?;
+        if panics {
+            panic!(
+                "fault-worker: planned panic in job {} attempt {}",
+                run.job, run.attempt
+            );
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Handler for FreezeJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let (run, start_ns) = started(ctx, self.grp, self.seq);
+        if self.freeze && ctx.attempt() == 1 {
+            let pre_ns = now_ns();
+            let logged = log_run(ctx, "freeze", self.grp, self.seq, start_ns, pre_ns).await;
+            let done_ns = now_ns();
+            if let Err(e) = logged {
+                ended(run, "dberr");
+                return Err(e.into());
+            }
+            // Nothing runs on the job's connection from here on: its
+            // transaction is idle, as a frozen process would leave it.
+            say(&format!(
+                "freeze-point job={} pid={} pre_ns={pre_ns} done_ns={done_ns}",
+                run.job,
+                std::process::id()
+            ));
+            let hold = *FREEZE_HOLD.get().expect("set in main");
+            // Wall-clock wait: after SIGCONT it ends at once if its time passed.
+            let until = Instant::now() + hold;
+            tokio::time::sleep_until(until.into()).await;
+            ended(run, "ok");
+            return Ok(());
+        }
+        if self.work_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
+        }
+        let logged = log_run(ctx, "freeze", self.grp, self.seq, start_ns, now_ns()).await;
+        ended(run, if logged.is_ok() { "ok" } else { "dberr" });
+        logged?;
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("fault-worker {}: {message}", std::process::id());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PGFIFO_TEST_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let var = |name: &str| std::env::var(name).map_err(|e| format!("{name}: {e}"));
+    let number = |name: &str, default: u64| -> Result<u64, String> {
+        match std::env::var(name) {
+            Ok(v) => v.parse().map_err(|e| format!("{name}={v:?}: {e}")),
+            Err(_) => Ok(default),
+        }
+    };
+    let url = var("DATABASE_URL")?;
+    let app = var("APP_NAME")?;
+    let path = var("RECORDS_FILE")?;
+    let queues: Vec<String> = std::env::var("QUEUES")
+        .unwrap_or_else(|_| "faults".to_owned())
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let concurrency = usize::try_from(number("CONCURRENCY", 4)?).map_err(|e| e.to_string())?;
+    let idle_grace = Duration::from_millis(number("IDLE_GRACE_MS", 2000)?);
+    FREEZE_HOLD
+        .set(Duration::from_millis(number("FREEZE_HOLD_MS", 2000)?))
+        .expect("set once");
+    if std::env::var("EXIT_WITH_STDIN").is_ok_and(|v| v == "1") {
+        std::thread::spawn(exit_when_stdin_closes);
+    }
+    let file = File::options()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("open {path}: {e}"))?;
+    RECORDS.set(Mutex::new(file)).expect("set once");
+
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}application_name={app}");
+    // One connection per running job, the runner's LISTEN and bookkeeping
+    // connections, and one spare.
+    let pool_size = u32::try_from(concurrency + 3).map_err(|e| e.to_string())?;
+    let pool = pgfifo::connect(&url, pool_size)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let config = RunnerConfig::default()
+        .queues(queues)
+        .concurrency(concurrency)
+        .poll_interval(Duration::from_millis(100))
+        .idle_grace(idle_grace)
+        .max_backoff(Duration::from_secs(1))
+        .shutdown_timeout(Duration::from_secs(10))
+        .name(format!("{app}:{}", std::process::id()));
+    let runner = pgfifo::runner::start(pool, config)
+        .await
+        .map_err(|e| format!("start: {e}"))?;
+    say(&format!("ready pid={}", std::process::id()));
+
+    runner
+        .shutdown_on_signal()
+        .await
+        .map_err(|e| format!("shutdown: {e}"))?;
+    say(&format!("done pid={}", std::process::id()));
+    Ok(())
+}
+
+/// Prints a line on stdout and flushes it (stdout is a pipe).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Exits as soon as the parent closes stdin (or dies).
+fn exit_when_stdin_closes() {
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                eprintln!("fault-worker {}: stdin closed: exiting", std::process::id());
+                std::process::exit(3);
+            }
+            Ok(_) => {}
+        }
+    }
+}
