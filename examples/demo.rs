@@ -8,8 +8,8 @@
 //! ```
 //!
 //! It uses the PostgreSQL server of `DATABASE_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/postgres`), creates a database
-//! `pgfifo_demo` there if needed, migrates it, enqueues invoices for four
+//! `postgres://postgres@127.0.0.1:5432/postgres`), creates a fresh database
+//! `pgfifo_demo` there, migrates it, enqueues invoices for four
 //! tenants, runs them with four workers, prints a timeline and exits.
 
 use std::collections::BTreeMap;
@@ -156,26 +156,23 @@ fn print_timeline(tenants: &[&str]) {
     );
 }
 
-/// Creates the `pgfifo_demo` database on the server if needed and empties its
-/// pgfifo tables, so every run starts fresh. Returns its URL.
+/// Creates a fresh `pgfifo_demo` database on the server (dropping the one a
+/// previous run left), so every run starts from scratch. Returns its URL.
 async fn demo_database(server: &str) -> Result<String, Box<dyn std::error::Error>> {
     use pgfifo::diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
     let mut admin = AsyncPgConnection::establish(server).await?;
-    let exists = admin.batch_execute("CREATE DATABASE pgfifo_demo").await;
-    if let Err(err) = exists {
-        if !err.to_string().contains("already exists") {
-            return Err(err.into());
-        }
-    }
-    let url = match server.rsplit_once('/') {
-        Some((base, _)) if !base.ends_with('/') => format!("{base}/pgfifo_demo"),
-        _ => format!("{server}/pgfifo_demo"),
+    admin
+        .batch_execute("DROP DATABASE IF EXISTS pgfifo_demo WITH (FORCE)")
+        .await?;
+    admin.batch_execute("CREATE DATABASE pgfifo_demo").await?;
+    let (base, query) = match server.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (server, String::new()),
     };
-    let mut demo = AsyncPgConnection::establish(&url).await?;
-    demo.batch_execute(
-        "DO $$ BEGIN IF to_regclass('pgfifo.job') IS NOT NULL THEN \
-         TRUNCATE pgfifo.job, pgfifo.queue_group, pgfifo.job_attempt; END IF; END $$",
-    )
-    .await?;
-    Ok(url)
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let root = match base[after_scheme..].find('/') {
+        Some(slash) => &base[..after_scheme + slash],
+        None => base,
+    };
+    Ok(format!("{root}/pgfifo_demo{query}"))
 }

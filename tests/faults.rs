@@ -363,6 +363,8 @@ impl Fleet {
             .env("CONCURRENCY", concurrency.to_string())
             .env("IDLE_GRACE_MS", grace.as_millis().to_string())
             .env("EXIT_WITH_STDIN", "1")
+            // Planned panics print one line, not a backtrace each.
+            .env("RUST_BACKTRACE", "0")
             .current_dir(&self.dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1200,6 +1202,20 @@ struct AttemptCount {
     n: i64,
 }
 
+#[derive(QueryableByName, Debug)]
+struct AttemptRow {
+    #[diesel(sql_type = BigInt)]
+    job_id: i64,
+    #[diesel(sql_type = Integer)]
+    attempt: i32,
+    #[diesel(sql_type = Text)]
+    runner: String,
+    #[diesel(sql_type = BigInt)]
+    started_us: i64,
+    #[diesel(sql_type = Text)]
+    error: String,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts its own PostgreSQL for minutes: run by .ci/run (cargo test -p pgfifo-tests --test faults -- --ignored)"]
 async fn faults_suite() {
@@ -1362,6 +1378,14 @@ async fn faults_suite() {
             .load(&mut conn)
             .await
             .expect("load attempts");
+    let attempt_rows: Vec<AttemptRow> = diesel::sql_query(
+        "SELECT job_id, attempt, runner, \
+         (extract(epoch FROM started_at) * 1000000)::bigint AS started_us, \
+         coalesce(error, '') AS error FROM pgfifo.job_attempt",
+    )
+    .load(&mut conn)
+    .await
+    .expect("load attempt rows");
     let hang_timeouts = suite
         .monitor
         .scalar("SELECT count(*) FROM pgfifo.job_attempt WHERE error LIKE '%timed out%'")
@@ -1504,10 +1528,62 @@ async fn faults_suite() {
         ctx.timeout_ns.insert(job.id, timeout.as_nanos() as i64);
     }
     let intervals = runs::intervals(&lines, &ctx);
+    // Evidence for an overlap: when each run's attempt was recorded (after
+    // its pick, before its handler), its handler's span and how it ended, in
+    // seconds since the run began, next to the database faults.
+    let t_base = now_ns() - began.elapsed().as_nanos() as i64;
+    let secs = |ns: i64| (ns - t_base) as f64 / 1e9;
+    let attempt_info: HashMap<(i64, i32), &AttemptRow> = attempt_rows
+        .iter()
+        .map(|a| ((a.job_id, a.attempt), a))
+        .collect();
+    let end_text: HashMap<runs::RunKey, String> = lines
+        .iter()
+        .filter_map(|l| match l {
+            Line::End { run, outcome, .. } => Some((*run, outcome.clone())),
+            _ => None,
+        })
+        .collect();
+    let describe = |i: &runs::Interval| {
+        let recorded = attempt_info.get(&(i.run.job, i.run.attempt as i32)).map_or(
+            "no attempt row".to_owned(),
+            |a| {
+                format!(
+                    "attempt recorded at {:.3}s by {}{}",
+                    secs(a.started_us * 1_000),
+                    a.runner,
+                    if a.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (attempt error: {})", a.error)
+                    }
+                )
+            },
+        );
+        format!(
+            "[job {} attempt {} pid {}: {recorded}; handler {:.3}s..{:.3}s ({:?}, {})]",
+            i.run.job,
+            i.run.attempt,
+            i.pid,
+            secs(i.start),
+            secs(i.end),
+            i.cut,
+            end_text.get(&i.run).map_or("no end line", String::as_str)
+        )
+    };
+    let fault_times: Vec<String> = suite
+        .seen
+        .db_faults
+        .iter()
+        .map(|&t| format!("{:.3}s", secs(t)))
+        .collect();
     for (a, b) in runs::overlaps(&intervals) {
         overlaps.push(format!(
-            "group {}: run {:?} (pid {}) started while run {:?} (pid {}, ended by {:?}) ran",
-            b.grp, b.run, b.pid, a.run, a.pid, a.cut
+            "group {}: {} started while {} ran (database faults at {})",
+            b.grp,
+            describe(&b),
+            describe(&a),
+            fault_times.join(", ")
         ));
     }
     for (a, b) in runs::order_violations(&intervals) {
@@ -1885,4 +1961,59 @@ async fn unresponsive_database_at_start_is_not_a_silent_hang() {
         )
     });
     assert!(result.is_err(), "connected to a server that never answers");
+}
+
+#[derive(QueryableByName, Debug)]
+struct ActRow {
+    #[diesel(sql_type = Text)]
+    line: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn scratch() {
+    let pg = PrivatePg::start().unwrap();
+    let dir = pg.root().join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut admin = AsyncPgConnection::establish(&pg.url("postgres"))
+        .await
+        .unwrap();
+    admin.batch_execute("CREATE DATABASE faults").await.unwrap();
+    let url = pg.url("faults");
+    let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
+    pgfifo::migrate::migrate_conn(&mut conn).await.unwrap();
+    conn.batch_execute(FAULT_LOG).await.unwrap();
+    let mut fleet = Fleet::new(dir, url.clone());
+    fleet.spawn(Role::Worker, 4).await;
+    let jobs: Vec<NewJob> = (0..400u32)
+        .map(|k| {
+            NewJob::new(
+                &FaultJob {
+                    grp: k % 40,
+                    seq: k / 40,
+                    mode: Mode::Normal,
+                    work_ms: 100,
+                },
+                EnqueueOptions::group(format!("g{}", k % 40)),
+            )
+            .unwrap()
+        })
+        .collect();
+    pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rows: Vec<ActRow> = diesel::sql_query("SELECT format('%s %s %s %s', pid, application_name, state, left(query, 60)) AS line FROM pg_stat_activity WHERE application_name LIKE 'pgfifo-fw%' ORDER BY pid").load(&mut conn).await.unwrap();
+        println!("---");
+        for r in rows {
+            println!("{}", r.line);
+        }
+    }
+    let n = {
+        let r: Scalar = diesel::sql_query("SELECT count(*)::bigint AS v FROM fault_log")
+            .get_result(&mut conn)
+            .await
+            .unwrap();
+        r.v
+    };
+    println!("committed {n}");
 }

@@ -7,6 +7,7 @@ DROP FUNCTION IF EXISTS pgfifo.promote(text[], integer);
 DROP FUNCTION IF EXISTS pgfifo.enqueue(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.run_after(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.group_lock_key(text, text);
+DROP FUNCTION IF EXISTS pgfifo.group_hash(text, text);
 DROP TABLE IF EXISTS pgfifo.job_attempt;
 DROP TABLE IF EXISTS pgfifo.group_wake;
 DROP TABLE IF EXISTS pgfifo.queue_group;

@@ -90,6 +90,7 @@ CREATE TABLE pgfifo.group_wake (
     group_id text NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0,
         autovacuum_vacuum_threshold = 200);
+CREATE INDEX group_wake_queue_idx ON pgfifo.group_wake (queue);
 
 -- One row per started attempt, written in autocommit by the runner before the
 -- handler starts, outside the job's transaction: attempts count even when the
@@ -105,12 +106,20 @@ CREATE TABLE pgfifo.job_attempt (
     PRIMARY KEY (job_id, attempt)
 );
 
--- The advisory lock key of a group, in pgfifo's own two-key space (class
--- 0x70676666, "pgff") so it never meets the application's advisory locks. A
--- hash collision only makes two groups wait for each other a little.
-CREATE FUNCTION pgfifo.group_lock_key(p_queue text, p_group text) RETURNS integer
+-- The fixed hash of a group: its slot in the pick's round-robin order.
+CREATE FUNCTION pgfifo.group_hash(p_queue text, p_group text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN hashtext(p_queue || chr(31) || p_group);
+
+-- The advisory lock key of a group (see enqueue and advance_head), in
+-- pgfifo's own two-key space (class 0x70676666, "pgff") so it never meets the
+-- application's advisory locks. Groups share 1024 stripes per queue, so a
+-- batch into any number of groups holds at most 1024 locks (PostgreSQL's lock
+-- table is shared and small). Two groups in one stripe only make advance_head
+-- put off declaring one of them idle for a moment.
+CREATE FUNCTION pgfifo.group_lock_key(p_queue text, p_group text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (hashtext(p_queue) & ~1023) | (hashtext(p_queue || chr(31) || p_group) & 1023);
 
 -- When a new job may run: an absolute time (µs since the epoch), a delay from
 -- the server's clock (µs), or now.
@@ -127,19 +136,20 @@ END;
 -- holds it).
 --
 -- Locking contract. The enqueuer takes the shared advisory lock of every group
--- it writes to and keeps it until its transaction ends. It never writes a
+-- it writes to (striped, see group_lock_key) and keeps it until its
+-- transaction ends. It never writes a
 -- queue_group row: for a group that is missing or idle (no head) it appends a
 -- row to pgfifo.group_wake, and a runner makes the group active after this
 -- transaction commits (promote). A group that is active needs nothing: its
 -- runner finds the new job when it advances the head. The one race, a runner
 -- declaring the group idle while this transaction is open, is closed by the
--- advisory lock: advance_head takes it exclusively before declaring a group
--- idle, so it waits for this commit and sees the job, or it ran first, and the
+-- advisory lock: advance_head declares a group idle only if it can take the
+-- lock exclusively (so no enqueuer is in flight), or it did so first, and the
 -- statement below that looks for active groups sees the group idle.
 --
 -- Enqueue waits for nothing but that exclusive lock, held by a runner for the
--- moment of its commit. Needs READ COMMITTED: each statement must see commits
--- that happened while it waited.
+-- moment between declaring a group idle and committing. Needs READ COMMITTED:
+-- each statement must see commits that happened while it waited.
 CREATE FUNCTION pgfifo.enqueue(
     p_queue        text[],
     p_group        text[],
@@ -172,9 +182,10 @@ BEGIN
         RETURN;
     END IF;
 
-    PERFORM pg_advisory_xact_lock_shared(1885824614, pgfifo.group_lock_key(q, g))
-    FROM (SELECT DISTINCT q, g FROM unnest(p_queue, p_group) AS t(q, g)
-          WHERE g IS NOT NULL ORDER BY 1, 2) AS s;
+    PERFORM pg_advisory_xact_lock_shared(1885824614, s.k)
+    FROM (SELECT DISTINCT pgfifo.group_lock_key(t.q, t.g) AS k
+          FROM unnest(p_queue, p_group) AS t(q, g)
+          WHERE t.g IS NOT NULL ORDER BY 1) AS s;
 
     -- Ids are taken in one ascending run so that input order is id order.
     v_ids := ARRAY(SELECT nextval('pgfifo.job_id_seq') FROM generate_series(1, v_n) ORDER BY 1);
@@ -247,14 +258,15 @@ $$;
 -- Makes groups woken by enqueuers active: creates missing group rows and sets
 -- the head of idle ones. Runs in its own short transaction on a runner's
 -- connection (never in a job's transaction, whose locks last for the job).
--- Returns how many groups became active.
+-- Returns how many wake rows it consumed (0: none left).
 --
 -- A wake row becomes visible with the commit of its enqueuer, so the jobs are
--- visible too. Group rows that a runner holds are active, so the UPDATE below
--- (head_id IS NULL) never waits for a running job; it may wait for another
--- promote of the same group, which is short. Groups are handled in sorted
--- order so two promotes never deadlock. The commit does not wait for the WAL
--- flush: if the server crashes, the wake rows come back with the promotion.
+-- visible too. Each group row is locked SKIP LOCKED before it is looked at; a
+-- row someone holds (a runner, another promote) is not waited for: its wake
+-- row is put back for the next promote. The head is then read in a separate
+-- statement, whose snapshot follows the lock. Groups are handled in sorted
+-- order. The commit does not wait for the WAL flush: if the server crashes,
+-- the wake rows come back with the promotion.
 CREATE FUNCTION pgfifo.promote(p_queues text[], p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 -- Short queries on small tables: compiling them would cost 100x running them.
@@ -262,9 +274,10 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_wake   record;
-    v_active integer := 0;
-    v_rows   integer;
+    v_wake  record;
+    v_taken integer := 0;
+    v_group record;
+    v_next  record;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     FOR v_wake IN
@@ -274,21 +287,29 @@ BEGIN
                                     WHERE queue = ANY (p_queues)
                                     LIMIT p_limit FOR UPDATE SKIP LOCKED))
             RETURNING queue, group_id)
-        SELECT DISTINCT queue, group_id FROM taken ORDER BY 1, 2
+        SELECT queue, group_id, count(*) AS n FROM taken GROUP BY 1, 2 ORDER BY 1, 2
     LOOP
+        v_taken := v_taken + v_wake.n;
         INSERT INTO pgfifo.queue_group (queue, group_id, slot)
-        VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_lock_key(v_wake.queue, v_wake.group_id))
+        VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_hash(v_wake.queue, v_wake.group_id))
         ON CONFLICT (queue, group_id) DO NOTHING;
-        UPDATE pgfifo.queue_group AS g
-        SET head_id = n.id, priority = n.priority, ready_at = n.run_after
-        FROM (SELECT id, priority, run_after FROM pgfifo.job
-              WHERE queue = v_wake.queue AND group_id = v_wake.group_id AND state = 'queued'
-              ORDER BY id LIMIT 1) AS n
-        WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id AND g.head_id IS NULL;
-        GET DIAGNOSTICS v_rows = ROW_COUNT;
-        v_active := v_active + v_rows;
+        SELECT g.head_id INTO v_group FROM pgfifo.queue_group AS g
+        WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id
+        FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_wake.queue, v_wake.group_id);
+            CONTINUE;
+        END IF;
+        CONTINUE WHEN v_group.head_id IS NOT NULL; -- already active
+        SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
+        WHERE j.queue = v_wake.queue AND j.group_id = v_wake.group_id AND j.state = 'queued'
+        ORDER BY j.id LIMIT 1;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE pgfifo.queue_group
+        SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after
+        WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
     END LOOP;
-    RETURN v_active;
+    RETURN v_taken;
 END
 $$;
 
@@ -296,10 +317,19 @@ $$;
 -- is finishing) its head, or marks the group idle.
 --
 -- The caller holds the group's queue_group row FOR UPDATE. Before declaring
--- the group idle it takes the group's exclusive advisory lock, which waits for
--- enqueuers still inside their transactions, and looks again with a fresh
--- snapshot: a job committed by then is seen; an enqueuer that comes later
--- waits for this transaction, then finds the group idle and wakes it.
+-- the group idle it must know that no enqueuer of the group is still inside
+-- its transaction (its job would be invisible here, and the enqueuer, seeing
+-- the group active, would not wake it). Enqueuers hold the group's advisory
+-- lock shared until they end; this tries it exclusively, without waiting:
+--   * granted: no enqueuer is in flight; look again with a fresh snapshot. A
+--     job committed by then is seen; an enqueuer that comes later waits for
+--     this transaction (a moment: complete is its last statement) and then
+--     finds the group idle and wakes it;
+--   * not granted: leave the finished job as the group's head, with ready_at
+--     a little ahead. The group stays active, so enqueuers need do nothing;
+--     the next pick of it finds a finished head and calls this again.
+-- Never waiting here is what keeps enqueues from waiting for running jobs
+-- and jobs from deadlocking with each other's enqueues.
 --
 -- In the common case (the next head is ready now, same priority) only head_id
 -- changes, which makes the update a HOT update (see queue_group).
@@ -320,7 +350,12 @@ BEGIN
     WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
     ORDER BY id LIMIT 1;
     IF NOT FOUND THEN
-        PERFORM pg_advisory_xact_lock(1885824614, pgfifo.group_lock_key(p_queue, p_group));
+        IF NOT pg_try_advisory_xact_lock(1885824614, pgfifo.group_lock_key(p_queue, p_group)) THEN
+            UPDATE pgfifo.queue_group
+            SET head_id = p_done, ready_at = v_now + interval '50 milliseconds'
+            WHERE queue = p_queue AND group_id = p_group;
+            RETURN;
+        END IF;
         SELECT id, priority, run_after INTO v_next FROM pgfifo.job
         WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
         ORDER BY id LIMIT 1;
@@ -400,7 +435,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_n       integer := cardinality(p_queues);
-    v_turn    integer := p_turn & 2147483647;
+    v_turn    bigint := p_turn::bigint & 2147483647;
     v_q       text;
     v_group   record;
     v_cand    record;
@@ -414,10 +449,11 @@ DECLARE
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
-    -- The first statement of a transaction has statement_timestamp() equal to
-    -- transaction_timestamp(); after an explicit BEGIN they differ.
-    IF statement_timestamp() = transaction_timestamp() THEN
-        RAISE EXCEPTION 'pgfifo.pick must run inside a transaction block (after BEGIN)';
+    -- The runner opens job transactions with BEGIN and a transaction-local
+    -- marker; if that BEGIN was skipped (the COMMIT before it failed), the
+    -- marker is absent.
+    IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'pgfifo.pick must run in a job transaction (BEGIN; SELECT set_config(''pgfifo.job_transaction'', ''on'', true))';
     END IF;
     FOR v_i IN 0 .. coalesce(v_n, 0) - 1 LOOP
         v_q := p_queues[1 + (v_turn + v_i) % v_n];
@@ -569,6 +605,11 @@ BEGIN
     IF p_outcome NOT IN ('succeeded', 'retry', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'pgfifo complete: unknown outcome %', p_outcome;
     END IF;
+    -- The job's transaction must still be the one that picked it: a handler
+    -- that sent COMMIT itself has released the job's locks.
+    IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)';
+    END IF;
     IF p_group IS NOT NULL AND p_outcome <> 'retry' THEN
         -- The common case in one statement: the group has a next job, which
         -- becomes the head (a HOT update when it is ready at once).
@@ -586,10 +627,8 @@ BEGIN
             WHERE g.queue = p_queue AND g.group_id = p_group
             RETURNING 1)
         SELECT count(*) INTO v_advanced FROM moved;
-        -- No next job visible: advance_head waits for in-flight enqueuers
-        -- before declaring the group idle. It runs before this transaction
-        -- modifies the job row, so it never waits while holding a change an
-        -- enqueuer's unique-key check would wait for.
+        -- No next job visible: advance_head decides whether the group is idle
+        -- (it never waits; see there).
         IF v_advanced = 0 THEN
             PERFORM pgfifo.advance_head(p_queue, p_group, p_id);
         END IF;

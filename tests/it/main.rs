@@ -15,8 +15,10 @@ mod ungrouped;
 
 // Runner side.
 mod atomicity;
+mod contention;
 mod crashes;
 mod exclusivity_fifo;
+mod handler_misuse;
 mod retries;
 mod stored_bad_input;
 mod timeouts_shutdown;

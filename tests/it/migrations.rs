@@ -12,7 +12,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use pgfifo::migrate::{self, MigrationStatus};
 use pgfifo::runner::JobOutcome;
 use pgfifo::{async_trait, Error, Handler, Job, JobContext, JobError};
-use pgfifo_tests::{server_url, test_config, url_for};
+use pgfifo_tests::{server_url, test_config, url_for, TestDb};
 use serde::{Deserialize, Serialize};
 
 #[derive(Job, Serialize, Deserialize, Debug)]
@@ -347,7 +347,7 @@ async fn runner_refuses_an_unmigrated_database() {
     // A schema newer than this library: refused by the runner and by migrate.
     migrate::migrate(&pool).await.unwrap();
     conn.batch_execute(
-        "INSERT INTO pgfifo.schema_migrations (version, name) VALUES (2, 'from_the_future')",
+        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES (2, 'from_the_future', '')",
     )
     .await
     .unwrap();
@@ -439,4 +439,20 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
     check_host(&mut conn).await;
     assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
     check_host(&mut conn).await;
+}
+
+/// A database whose migration 1 was applied from different SQL (another
+/// pgfifo build) is refused at start, before any job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_refuses_a_schema_migrated_from_different_sql() {
+    let db = TestDb::new().await;
+    db.exec(
+        "UPDATE pgfifo.schema_migrations SET checksum = md5('something else') WHERE version = 1",
+    )
+    .await;
+    let err = pgfifo::runner::start(db.pool.clone(), test_config())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::SchemaMismatch(1)), "{err:?}");
+    assert!(err.to_string().contains("differs"), "{err}");
 }

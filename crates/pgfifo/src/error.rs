@@ -55,6 +55,10 @@ pub enum Error {
         /// The newest migration this library ships.
         needed: i64,
     },
+    /// An applied migration's SQL differs from the one this library ships
+    /// under the same version (the database was migrated by another build).
+    #[error("pgfifo migration {0} in the database differs from this library's; the schema was migrated by another pgfifo build")]
+    SchemaMismatch(i64),
     /// The database schema is newer than this library knows.
     #[error(
         "the pgfifo schema has migration {0} which this library does not know; upgrade pgfifo"

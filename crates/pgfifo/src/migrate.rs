@@ -52,6 +52,7 @@ const BOOKKEEPING: &str = "\
     CREATE TABLE IF NOT EXISTS pgfifo.schema_migrations (
         version    bigint      PRIMARY KEY,
         name       text        NOT NULL,
+        checksum   text        NOT NULL,
         applied_at timestamptz NOT NULL DEFAULT now()
     );";
 
@@ -61,6 +62,8 @@ struct AppliedRow {
     version: i64,
     #[diesel(sql_type = Text)]
     name: String,
+    #[diesel(sql_type = Text)]
+    checksum: String,
 }
 
 /// Whether one migration is applied.
@@ -161,11 +164,27 @@ pub async fn status(conn: &mut AsyncPgConnection) -> Result<Vec<MigrationStatus>
     Ok(out)
 }
 
-/// Fails unless the database has exactly the migrations this library ships.
+/// Fails unless the database has exactly the migrations this library ships,
+/// with the same SQL (each applied migration's checksum is compared).
 pub async fn check_current(conn: &mut AsyncPgConnection) -> Result<()> {
-    let newest = applied_if_any(conn)
-        .await?
-        .and_then(|applied| applied.last().map(|a| a.version));
+    #[derive(QueryableByName)]
+    struct Sum {
+        #[diesel(sql_type = Text)]
+        sum: String,
+    }
+    let applied = applied_if_any(conn).await?.unwrap_or_default();
+    for row in &applied {
+        if let Some(m) = MIGRATIONS.iter().find(|m| m.version == row.version) {
+            let ours: Sum = diesel::sql_query("SELECT md5($1) AS sum")
+                .bind::<Text, _>(m.up)
+                .get_result(conn)
+                .await?;
+            if ours.sum != row.checksum {
+                return Err(Error::SchemaMismatch(row.version));
+            }
+        }
+    }
+    let newest = applied.last().map(|a| a.version);
     match newest {
         Some(v) if v == latest_version() => Ok(()),
         Some(v) if v > latest_version() => Err(Error::SchemaTooNew(v)),
@@ -183,11 +202,11 @@ async fn lock_and_prepare(conn: &mut AsyncPgConnection) -> Result<()> {
 }
 
 async fn applied(conn: &mut AsyncPgConnection) -> Result<Vec<AppliedRow>> {
-    Ok(
-        diesel::sql_query("SELECT version, name FROM pgfifo.schema_migrations ORDER BY version")
-            .load(conn)
-            .await?,
+    Ok(diesel::sql_query(
+        "SELECT version, name, checksum FROM pgfifo.schema_migrations ORDER BY version",
     )
+    .load(conn)
+    .await?)
 }
 
 /// The applied migrations, or `None` when pgfifo was never migrated here.
@@ -209,11 +228,14 @@ async fn applied_if_any(conn: &mut AsyncPgConnection) -> Result<Option<Vec<Appli
 }
 
 async fn record(conn: &mut AsyncPgConnection, m: &Migration) -> Result<()> {
-    diesel::sql_query("INSERT INTO pgfifo.schema_migrations (version, name) VALUES ($1, $2)")
-        .bind::<BigInt, _>(m.version)
-        .bind::<Text, _>(m.name)
-        .execute(conn)
-        .await?;
+    diesel::sql_query(
+        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES ($1, $2, md5($3))",
+    )
+    .bind::<BigInt, _>(m.version)
+    .bind::<Text, _>(m.name)
+    .bind::<Text, _>(m.up)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

@@ -26,7 +26,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::RunQueryDsl;
@@ -134,6 +134,18 @@ fn ended(run: RunKey, outcome: &str) {
     });
 }
 
+/// `dberr:` and the error on one line (the write through the job's
+/// transaction failed: the transaction or its connection is gone).
+fn db_error(e: &diesel::result::Error) -> String {
+    let text: String = e
+        .to_string()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(200)
+        .collect();
+    format!("dberr:{text}")
+}
+
 /// Sleeps far past any job timeout: the runner cancels the handler.
 async fn hang() {
     tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -163,11 +175,11 @@ impl Handler for FaultJob {
         let logged = log_run(ctx, "faults", self.grp, self.seq, start_ns, now_ns()).await;
         let panics = self.mode == Mode::PanicAlways || (self.mode == Mode::PanicOnce && first);
         let outcome = match (&logged, panics) {
-            (Err(_), _) => "dberr",
-            (Ok(()), true) => "panic",
-            (Ok(()), false) => "ok",
+            (Err(e), _) => db_error(e),
+            (Ok(()), true) => "panic".to_owned(),
+            (Ok(()), false) => "ok".to_owned(),
         };
-        ended(run, outcome);
+        ended(run, &outcome);
         logged?;
         if panics {
             panic!(
@@ -188,7 +200,7 @@ impl Handler for FreezeJob {
             let logged = log_run(ctx, "freeze", self.grp, self.seq, start_ns, pre_ns).await;
             let done_ns = now_ns();
             if let Err(e) = logged {
-                ended(run, "dberr");
+                ended(run, &db_error(&e));
                 return Err(e.into());
             }
             // Nothing runs on the job's connection from here on: its
@@ -199,9 +211,9 @@ impl Handler for FreezeJob {
                 std::process::id()
             ));
             let hold = *FREEZE_HOLD.get().expect("set in main");
-            // Wall-clock wait: after SIGCONT it ends at once if its time passed.
-            let until = Instant::now() + hold;
-            tokio::time::sleep_until(until.into()).await;
+            // A monotonic-clock wait: after SIGCONT it ends at once if its
+            // time passed while the process was stopped.
+            tokio::time::sleep(hold).await;
             ended(run, "ok");
             return Ok(());
         }
@@ -209,7 +221,10 @@ impl Handler for FreezeJob {
             tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
         }
         let logged = log_run(ctx, "freeze", self.grp, self.seq, start_ns, now_ns()).await;
-        ended(run, if logged.is_ok() { "ok" } else { "dberr" });
+        ended(
+            run,
+            &logged.as_ref().map_or_else(db_error, |()| "ok".to_owned()),
+        );
         logged?;
         Ok(())
     }
@@ -233,6 +248,7 @@ async fn run() -> Result<(), String> {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .try_init();
     let var = |name: &str| std::env::var(name).map_err(|e| format!("{name}: {e}"));
     let number = |name: &str, default: u64| -> Result<u64, String> {
@@ -266,9 +282,11 @@ async fn run() -> Result<(), String> {
 
     let sep = if url.contains('?') { '&' } else { '?' };
     let url = format!("{url}{sep}application_name={app}");
-    // One connection per running job, the runner's LISTEN and bookkeeping
-    // connections, and one spare.
-    let pool_size = u32::try_from(concurrency + 3).map_err(|e| e.to_string())?;
+    // Room for every lane of the runner (`concurrency` plus up to as many
+    // prefetch lanes), its LISTEN and bookkeeping connections, and a spare:
+    // the suite tests faults, not a starved pool (tests/faults.rs has a test
+    // of its own for that).
+    let pool_size = u32::try_from(2 * concurrency + 3).map_err(|e| e.to_string())?;
     let pool = pgfifo::connect(&url, pool_size)
         .await
         .map_err(|e| format!("connect: {e}"))?;

@@ -285,8 +285,10 @@ impl Outcome {
 
 /// Writes an attempt's outcome in the job's transaction (which then commits).
 #[allow(clippy::too_many_arguments)]
+///
+/// Takes a shared reference so it can be pipelined behind a simple query.
 pub(crate) async fn complete(
-    conn: &mut AsyncPgConnection,
+    mut conn: &AsyncPgConnection,
     job: &PickedJob,
     attempt: i32,
     outcome: Outcome,
@@ -305,7 +307,7 @@ pub(crate) async fn complete(
             .bind::<Text, _>(&job.queue)
             .bind::<Nullable<Text>, _>(job.group_id.as_deref()),
     )
-    .execute(conn)
+    .execute(&mut conn)
     .await
     .map(drop)
 }

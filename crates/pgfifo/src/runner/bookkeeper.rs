@@ -50,15 +50,19 @@ pub(crate) struct Bookkeeper {
 }
 
 impl Bookkeeper {
-    /// Spawns the task; it ends when `service` is cancelled.
+    /// Spawns the task on `conn`, taken from `pool` before the runner's
+    /// workers start (so they cannot starve it of a connection); the pool
+    /// gives a replacement when it breaks. It ends when `service` is
+    /// cancelled.
     pub(crate) fn spawn(
         pool: Pool,
+        conn: PooledConnection,
         runner: String,
         service: CancellationToken,
         tracker: &TaskTracker,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tracker.spawn(run(pool, runner, service, rx));
+        tracker.spawn(run(pool, conn, runner, service, rx));
         Self { tx }
     }
 
@@ -104,11 +108,12 @@ impl Bookkeeper {
 
 async fn run(
     pool: Pool,
+    conn: PooledConnection,
     runner: String,
     service: CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
-    let mut conn: Option<PooledConnection> = None;
+    let mut conn: Option<PooledConnection> = Some(conn);
     let mut failures = 0u32;
     loop {
         let first = tokio::select! {
@@ -169,8 +174,16 @@ async fn process(
         }
     }
     if !starts.is_empty() {
-        let ids: Vec<i64> = starts.iter().map(|s| s.0).collect();
-        let max: Vec<i32> = starts.iter().map(|s| s.1).collect();
+        // One row per job: a job asked twice (a worker retrying after a lost
+        // reply) gets the same answer twice.
+        let mut ids: Vec<i64> = Vec::with_capacity(starts.len());
+        let mut max: Vec<i32> = Vec::with_capacity(starts.len());
+        for (id, max_attempts, _) in &starts {
+            if !ids.contains(id) {
+                ids.push(*id);
+                max.push(*max_attempts);
+            }
+        }
         match sql::start_attempts(conn, &ids, &max, runner).await {
             Ok(recorded) => {
                 for (id, _, reply) in starts {

@@ -9,13 +9,15 @@
 use std::pin::pin;
 use std::sync::Arc;
 
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::bookkeeper::backoff;
 use super::Shared;
 use crate::db::sql;
+
+type Tm = <AsyncPgConnection as AsyncConnection>::TransactionManager;
 
 /// Wake rows promoted per statement.
 pub(super) const PROMOTE_BATCH: i32 = 1_000;
@@ -49,12 +51,26 @@ enum Interrupt {
 /// Listens until `service` is cancelled (`Ok`) or the connection fails.
 async fn listen(shared: &Shared, service: &CancellationToken) -> Result<(), String> {
     let mut conn = shared.pool.get_owned().await.map_err(|e| e.to_string())?;
+    let result = listen_on(shared, service, &mut conn).await;
+    if result.is_err() {
+        // Never hand a LISTENing connection back to the application's pool:
+        // marked broken, the pool closes it.
+        Tm::transaction_manager_status_mut(&mut *conn).set_in_error();
+    }
+    result
+}
+
+async fn listen_on(
+    shared: &Shared,
+    service: &CancellationToken,
+    conn: &mut AsyncPgConnection,
+) -> Result<(), String> {
     conn.batch_execute(sql::LISTEN)
         .await
         .map_err(|e| e.to_string())?;
     tracing::debug!("pgfifo: listening for new jobs");
     // Work enqueued while no runner listened.
-    promote_all(shared, &mut conn).await?;
+    promote_all(shared, conn).await?;
     loop {
         let interrupt = {
             let mut stream = pin!(conn.notifications_stream());
@@ -76,19 +92,21 @@ async fn listen(shared: &Shared, service: &CancellationToken) -> Result<(), Stri
             }
         };
         match interrupt {
+            // The connection goes back to the pool: stop receiving notifications.
             Interrupt::Stop => {
-                // The connection goes back to the pool: stop receiving notifications.
-                let _ = conn.batch_execute("UNLISTEN *").await;
-                return Ok(());
+                return conn
+                    .batch_execute("UNLISTEN *")
+                    .await
+                    .map_err(|e| e.to_string());
             }
             // A notification: new groups first, then the workers.
             Interrupt::Notified => {
-                promote_all(shared, &mut conn).await?;
+                promote_all(shared, conn).await?;
                 shared.wake.notify_waiters();
             }
             // The poll: also proves the connection is alive.
             Interrupt::Tick => {
-                if promote_all(shared, &mut conn).await? > 0 {
+                if promote_all(shared, conn).await? > 0 {
                     shared.wake.notify_waiters();
                 }
             }
@@ -96,7 +114,8 @@ async fn listen(shared: &Shared, service: &CancellationToken) -> Result<(), Stri
     }
 }
 
-/// Promotes woken groups until none are left; returns how many became active.
+/// Promotes woken groups until no wake rows are left; returns how many wake
+/// rows it consumed.
 pub(super) async fn promote_all(
     shared: &Shared,
     conn: &mut AsyncPgConnection,

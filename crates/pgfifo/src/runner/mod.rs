@@ -242,7 +242,7 @@ pub(crate) struct Shared {
     pub config: RunnerConfig,
     pub queues: Vec<String>,
     pub registry: &'static Registry,
-    /// Wakes idle workers (a notification arrived, or a slot found work).
+    /// Wakes idle workers (a notification arrived, or groups were promoted).
     pub wake: Notify,
     /// Cancelled to stop picking new jobs.
     pub stop: CancellationToken,
@@ -320,8 +320,16 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     let service = CancellationToken::new();
     let tracker = TaskTracker::new();
     let (events, _) = broadcast::channel(4096);
-    let bookkeeper =
-        bookkeeper::Bookkeeper::spawn(pool.clone(), config.name.clone(), service.clone(), &tracker);
+    // The bookkeeper's connection is taken before any worker starts: workers
+    // wait for it, so they must never hold every connection of the pool.
+    let bookkeeping = pool.get_owned().await?;
+    let bookkeeper = bookkeeper::Bookkeeper::spawn(
+        pool.clone(),
+        bookkeeping,
+        config.name.clone(),
+        service.clone(),
+        &tracker,
+    );
     let idle_bounds = idle_bounds(registry, &config);
     let prefetch = config.prefetch.unwrap_or((config.concurrency / 2).max(1));
     let shared = Arc::new(Shared {

@@ -169,7 +169,11 @@ async fn run_one(
         }
         None => {
             if depth(conn) != Some(1) {
-                Tm::begin_transaction(conn).await?;
+                if let Err(err) = conn.batch_execute(BEGIN_JOB).await {
+                    Tm::transaction_manager_status_mut(conn).set_in_error();
+                    return Err(err.into());
+                }
+                set_depth(conn, 1)?;
             }
             sql::pick(conn, &shared.queues, turn, *cursor, &shared.idle_bounds).await
         }
@@ -317,23 +321,68 @@ async fn execute(
     drop(_permit);
 
     let failure = match ran {
-        Ran::Ok(result) => {
-            if depth(conn) == Some(2) {
-                // No RELEASE: the COMMIT in `finish` releases the savepoint.
-                return finish(
-                    shared,
-                    conn,
-                    &job,
-                    attempt,
-                    Outcome::Succeeded,
-                    None,
-                    result.as_ref(),
-                    None,
-                )
-                .await;
+        Ran::Ok(result) => match depth(conn) {
+            Some(2) => {
+                // Still inside the handler's savepoint: check the handler's
+                // deferred constraints now (a violation fails this attempt,
+                // with its error, instead of the COMMIT) and write the
+                // outcome, in one round trip. No RELEASE: COMMIT releases it.
+                let written = {
+                    let mut shared_conn: &AsyncPgConnection = conn;
+                    let (checked, completed) = tokio::join!(
+                        shared_conn.batch_execute(CHECK_CONSTRAINTS),
+                        sql::complete(
+                            conn,
+                            &job,
+                            attempt,
+                            Outcome::Succeeded,
+                            None,
+                            result.as_ref(),
+                            None
+                        )
+                    );
+                    checked.and(completed)
+                };
+                match written {
+                    Ok(()) => {
+                        return Ok(Some(outcome_event(
+                            &job,
+                            attempt,
+                            Outcome::Succeeded,
+                            None,
+                            None,
+                        )))
+                    }
+                    Err(err) if is_connection_error(&err) => {
+                        return Err(ConnectionLost(format!(
+                            "writing the outcome of job {}: {err}",
+                            job.id
+                        )))
+                    }
+                    Err(err) => FailureText::retry(format!(
+                        "the job's transaction failed when its success was written \
+                         (a database error the handler did not return?): {err}"
+                    )),
+                }
             }
-            FailureText::retry("the handler returned with a transaction of its own still open")
-        }
+            Some(d) if d > 2 => {
+                FailureText::retry("the handler returned with a transaction of its own still open")
+            }
+            // The handler committed or rolled back the job's transaction (or
+            // its savepoint) itself: the locks may be gone. Drop the
+            // connection; the job runs again.
+            _ => {
+                shared.bookkeeper.note_error(
+                    job.id,
+                    attempt,
+                    "the handler ended the job's transaction itself (COMMIT or ROLLBACK on ctx.conn())".into(),
+                );
+                return Err(ConnectionLost(format!(
+                    "the handler of job {} ended the job's transaction itself",
+                    job.id
+                )));
+            }
+        },
         Ran::Failed(err) => FailureText::from_job_error(err),
         Ran::BadPayload(err) => FailureText::permanent(format!(
             "the payload does not deserialize into {}: {err}",
@@ -373,17 +422,7 @@ async fn execute(
     } else {
         failure.message
     };
-    finish(
-        shared,
-        conn,
-        &job,
-        attempt,
-        outcome,
-        Some(&message),
-        None,
-        delay,
-    )
-    .await
+    finish(shared, conn, &job, attempt, outcome, &message, delay).await
 }
 
 /// Runs the handler with its timeout, catching panics, until done or aborted.
@@ -449,24 +488,51 @@ impl FailureText {
     }
 }
 
-/// Writes the outcome in the job's transaction; the caller commits it and
-/// then emits the returned event.
-#[allow(clippy::too_many_arguments)]
+/// Writes a failure outcome in the job's transaction (at depth 1: the
+/// handler's writes are already rolled back); the caller commits it and then
+/// emits the returned event. If the database refuses the outcome (an SQL
+/// error, not a lost connection), the error is noted on the attempt and the
+/// transaction rolled back: the job runs again, its attempt counted.
 async fn finish(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     job: &PickedJob,
     attempt: i32,
     outcome: Outcome,
-    error: Option<&str>,
-    result: Option<&serde_json::Value>,
+    error: &str,
     delay: Option<Duration>,
 ) -> Result<Option<JobEvent>, ConnectionLost> {
     let delay_us = delay.map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    if let Err(err) = sql::complete(conn, job, attempt, outcome, error, result, delay_us).await {
-        let _ = rollback_to(shared, conn, 0, job.backend_pid).await;
-        return Err(err.into());
+    match sql::complete(conn, job, attempt, outcome, Some(error), None, delay_us).await {
+        Ok(()) => Ok(Some(outcome_event(
+            job,
+            attempt,
+            outcome,
+            Some(error),
+            delay,
+        ))),
+        Err(err) if is_connection_error(&err) => Err(err.into()),
+        Err(err) => {
+            let message = format!("{error}; then writing this outcome failed: {err}");
+            tracing::error!(error = %message, "could not write the outcome of a job; it will run again");
+            shared.bookkeeper.note_error(job.id, attempt, message);
+            if rollback_to(shared, conn, 0, job.backend_pid).await {
+                Ok(None)
+            } else {
+                Err(err.into())
+            }
+        }
     }
+}
+
+/// Logs an outcome and builds its event (emitted once it is committed).
+fn outcome_event(
+    job: &PickedJob,
+    attempt: i32,
+    outcome: Outcome,
+    error: Option<&str>,
+    delay: Option<Duration>,
+) -> JobEvent {
     let error = error.unwrap_or_default().to_owned();
     let outcome = match outcome {
         Outcome::Succeeded => {
@@ -487,7 +553,14 @@ async fn finish(
             JobOutcome::Cancelled { reason: error }
         }
     };
-    Ok(Some(event(job, attempt, outcome)))
+    event(job, attempt, outcome)
+}
+
+/// Whether a database error means the connection is gone (as opposed to an
+/// SQL error on a working connection).
+fn is_connection_error(err: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    !matches!(err, Error::DatabaseError(kind, _) if !matches!(kind, DatabaseErrorKind::ClosedConnection))
 }
 
 async fn finish_failed(
@@ -497,17 +570,7 @@ async fn finish_failed(
     attempt: i32,
     error: String,
 ) -> Result<Option<JobEvent>, ConnectionLost> {
-    finish(
-        shared,
-        conn,
-        job,
-        attempt,
-        Outcome::Failed,
-        Some(&error),
-        None,
-        None,
-    )
-    .await
+    finish(shared, conn, job, attempt, Outcome::Failed, &error, None).await
 }
 
 /// Gives back a job that was taken but not started (no free slot in time, or
@@ -575,7 +638,13 @@ fn event(job: &PickedJob, attempt: i32, outcome: JobOutcome) -> JobEvent {
 /// The handler's savepoint: diesel's name for the savepoint of depth 1.
 const SAVEPOINT: &str = "SAVEPOINT diesel_savepoint_1";
 /// Ends a job's transaction and opens the next one.
-const COMMIT_AND_BEGIN: &str = "COMMIT; BEGIN";
+const COMMIT_AND_BEGIN: &str =
+    "COMMIT; BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true)";
+/// Opens a job transaction, marked so that `pgfifo.pick` and
+/// `pgfifo.complete` can tell it from autocommit (see `pgfifo.pick`).
+const BEGIN_JOB: &str = "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true)";
+/// Checks the handler's deferred constraints before its success is written.
+const CHECK_CONSTRAINTS: &str = "SET CONSTRAINTS ALL IMMEDIATE";
 
 /// Tells diesel's transaction manager the depth after transaction statements
 /// pgfifo sent itself, so handlers' nested `transaction` calls still become
