@@ -21,9 +21,10 @@ pub type PooledConnection =
 
 /// Builds a pool of at most `max_size` connections to `database_url`.
 ///
-/// A runner holds one connection per running job plus two of its own (the
-/// LISTEN connection and the attempt bookkeeper), so size the pool at least
-/// `concurrency + 2` plus what the application uses.
+/// A runner holds one connection per lane (`concurrency + prefetch`, see
+/// [`RunnerConfig::prefetch`](crate::RunnerConfig::prefetch)) plus two of its
+/// own (the LISTEN connection and the attempt bookkeeper), so size the pool at
+/// least `concurrency + prefetch + 2` plus what the application uses.
 ///
 /// Fails at once with a clear error when the database cannot be reached.
 pub async fn connect(database_url: &str, max_size: u32) -> Result<Pool> {

@@ -117,7 +117,7 @@ async fn connection(shared: &Shared) -> Option<PooledConnection> {
                 tracing::warn!(
                     waited_ms = waited.as_millis() as u64,
                     "pgfifo worker waited for a pooled connection: the pool is exhausted \
-                     (size it at least concurrency + 2 plus the application's needs)"
+                     (size it at least concurrency + prefetch + 2 plus the application's needs)"
                 );
             }
             Some(conn)
