@@ -23,7 +23,9 @@
 //! it with
 //! `cargo test -p pgfifo-tests --test faults -- --ignored --nocapture --test-threads=1`.
 //! `FAULTS_SOAK=1` makes it a soak of 20+ minutes; `FAULTS_SEED=<n>` replays
-//! a run's random choices (the seed is printed).
+//! a run's random choices (the seed is printed); `FAULTS_WORKER_POOL=<n>`
+//! sizes the workers' pools (default `2 * concurrency + 3`, room for every
+//! runner lane).
 //!
 //! The other tests here (pool exhausted, database unreachable at start) are
 //! small, not ignored, and use the shared server only to create a database of
@@ -363,6 +365,7 @@ impl Fleet {
             .env("CONCURRENCY", concurrency.to_string())
             .env("IDLE_GRACE_MS", grace.as_millis().to_string())
             .env("EXIT_WITH_STDIN", "1")
+            .envs(std::env::var("FAULTS_WORKER_POOL").map(|n| ("POOL_SIZE", n)))
             // Planned panics print one line, not a backtrace each.
             .env("RUST_BACKTRACE", "0")
             .current_dir(&self.dir)

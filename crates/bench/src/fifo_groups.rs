@@ -83,7 +83,23 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         "duplicates": checked.duplicates,
         "order_violations": checked.order_violations,
         "overlaps": checked.overlaps,
+        "peak_rss_mb": peak_rss_mb(),
     }))
+}
+
+/// The process's peak resident memory (VmHWM) in MiB: the runner, its 16
+/// workers and this benchmark's in-memory records. `None` off Linux.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some((kb / 1024.0 * 10.0).round() / 10.0)
 }
 
 /// Enqueues job k as group `k % groups`, seq `k / groups`, in batches; returns

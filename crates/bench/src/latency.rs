@@ -209,7 +209,14 @@ async fn enqueue_steadily(
     let mut tasks = Vec::new();
     for lane in 0..enqueuers {
         let url = url.to_owned();
-        tasks.push(tokio::spawn(async move {
+        // A thread and runtime per enqueuer: the instant an enqueue returns
+        // must not wait for another enqueuer's task to yield.
+        tasks.push(std::thread::spawn(move || -> Result<Enqueued, String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
             let mut conn = AsyncPgConnection::establish(&url)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -242,6 +249,7 @@ async fn enqueue_steadily(
                 n += enqueuers;
             }
             Ok::<Enqueued, String>(out)
+            })
         }));
     }
     let mut all = Enqueued {
@@ -250,7 +258,7 @@ async fn enqueue_steadily(
         secs: 0.0,
     };
     for task in tasks {
-        let part = task.await.map_err(|e| e.to_string())??;
+        let part = task.join().map_err(|_| "an enqueuer thread panicked".to_owned())??;
         all.jobs.extend(part.jobs);
         all.call_ms.extend(part.call_ms);
     }

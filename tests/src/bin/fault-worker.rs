@@ -10,6 +10,7 @@
 //! * `QUEUES`: comma-separated queues to serve (default `faults`);
 //! * `CONCURRENCY`: jobs at once (default 4);
 //! * `IDLE_GRACE_MS`: `RunnerConfig::idle_grace` (default 2000);
+//! * `POOL_SIZE`: the pool's size (default `2 * CONCURRENCY + 3`);
 //! * `FREEZE_HOLD_MS`: how long a freeze job waits at its freeze point
 //!   (default 2000);
 //! * `EXIT_WITH_STDIN=1`: exit when stdin closes (the suite died).
@@ -286,7 +287,10 @@ async fn run() -> Result<(), String> {
     // prefetch lanes), its LISTEN and bookkeeping connections, and a spare:
     // the suite tests faults, not a starved pool (tests/faults.rs has a test
     // of its own for that).
-    let pool_size = u32::try_from(2 * concurrency + 3).map_err(|e| e.to_string())?;
+    let pool_size = match std::env::var("POOL_SIZE") {
+        Ok(n) => n.parse().map_err(|e| format!("POOL_SIZE={n:?}: {e}"))?,
+        Err(_) => u32::try_from(2 * concurrency + 3).map_err(|e| e.to_string())?,
+    };
     let pool = pgfifo::connect(&url, pool_size)
         .await
         .map_err(|e| format!("connect: {e}"))?;
