@@ -2,8 +2,9 @@
 //! `tests/src/bin/fault-worker.rs`) drain thousands of jobs in more than a
 //! hundred groups while the suite
 //! 1. SIGKILLs random workers mid-handler and starts replacements;
-//! 2. terminates every pgfifo connection (`pg_terminate_backend`) and restarts
-//!    PostgreSQL, checking that the runners reconnect and carry on by
+//! 2. terminates every pgfifo connection (`pg_terminate_backend`), also while
+//!    a job waits in a runner's prefetch lane, and restarts PostgreSQL (fast
+//!    and immediate), checking that the runners reconnect and carry on by
 //!    themselves;
 //! 3. SIGSTOPs a worker mid-handler, measures how long its group stays held
 //!    (bounded by the job's timeout plus `RunnerConfig::idle_grace`, through
@@ -119,6 +120,8 @@ const FREEZER_GRACE: Duration = Duration::from_secs(1);
 const RELEASE_MARGIN: Duration = Duration::from_millis(1500);
 /// Group numbers of the freeze scenario's groups start here.
 const FREEZE_GRP: u32 = 1_000_000;
+/// Group numbers of the prefetch scenario's groups start here.
+const PREFETCH_GRP: u32 = 2_000_000;
 /// Connections of worker processes carry application names with this prefix.
 const APP_PREFIX: &str = "pgfifo-fw-";
 
@@ -146,6 +149,7 @@ struct Plan {
     terminations: usize,
     restarts: usize,
     freezes: usize,
+    prefetch_cuts: usize,
     poison: usize,
     hang_once: usize,
     hang_always: usize,
@@ -178,6 +182,7 @@ impl Plan {
                 terminations: 12,
                 restarts: 8,
                 freezes: 5,
+                prefetch_cuts: 3,
                 poison: 4,
                 hang_once: 10,
                 hang_always: 4,
@@ -200,8 +205,9 @@ impl Plan {
                 concurrency: 4,
                 kills: 22,
                 terminations: 2,
-                restarts: 1,
+                restarts: 2,
                 freezes: 1,
+                prefetch_cuts: 1,
                 poison: 1,
                 hang_once: 3,
                 hang_always: 1,
@@ -257,6 +263,8 @@ enum Step {
     Terminate,
     Restart(StopMode),
     Freeze,
+    /// Terminate while a job waits in a runner's prefetch lane.
+    PrefetchCut,
 }
 
 /// One enqueued job and what must become of it.
@@ -280,6 +288,8 @@ enum Role {
     Freezer,
     /// Serves `freeze` while the freezer is frozen.
     Rescuer,
+    /// Serves `prefetch` with one slot (and the runner's prefetch lane).
+    Prefetcher,
 }
 
 struct Proc {
@@ -352,6 +362,7 @@ impl Fleet {
             Role::Worker => ("w", "faults", WORKER_GRACE),
             Role::Freezer => ("freezer", "freeze", FREEZER_GRACE),
             Role::Rescuer => ("rescuer", "freeze", FREEZER_GRACE),
+            Role::Prefetcher => ("pf", "prefetch", WORKER_GRACE),
         };
         let app = format!("{APP_PREFIX}{kind}{}", self.counter);
         let records = self.dir.join(format!("{app}.records"));
@@ -497,7 +508,7 @@ impl Fleet {
                 Role::Freezer => {
                     self.spawn(Role::Freezer, 1).await;
                 }
-                Role::Rescuer => {}
+                Role::Rescuer | Role::Prefetcher => {}
             }
         }
     }
@@ -639,6 +650,27 @@ impl Monitor {
             }
         }
     }
+}
+
+/// The time of a server log line (`log_line_prefix` starts with `%m`, in
+/// UTC), as ns since the epoch.
+fn log_line_ns(line: &str) -> Option<i64> {
+    // "2026-11-21 16:38:12.928 UTC [pid] app ..."
+    let stamp = line.get(..27)?;
+    if !stamp.ends_with(" UTC") {
+        return None;
+    }
+    let num = |a: usize, b: usize| stamp.get(a..b).and_then(|s| s.parse::<i64>().ok());
+    let (y, m, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (hh, mm, ss, ms) = (num(11, 13)?, num(14, 16)?, num(17, 19)?, num(20, 23)?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((((days * 24 + hh) * 60 + mm) * 60 + ss) * 1_000_000_000 + ms * 1_000_000)
 }
 
 fn us(ns: i64) -> i64 {
@@ -938,6 +970,163 @@ impl Suite {
         }
     }
 
+    /// Connections cut while a job waits in a prefetch lane. A runner with
+    /// one slot runs a long job of group A and has taken the head of group B
+    /// ahead of its slot (picked, locked, attempt recorded), waiting for the
+    /// slot. Every pgfifo connection is then terminated and another runner
+    /// takes B over. When its slot frees up, the first runner must not start
+    /// B's handler: its transaction, and with it B's lock, is gone.
+    async fn prefetch_cut(&mut self, k: usize) {
+        let pf = self.fleet.spawn(Role::Prefetcher, 1).await;
+        let (pf_app, pf_records) = {
+            let p = self.fleet.get(pf).expect("alive");
+            (p.app.clone(), p.records.clone())
+        };
+        let grp = PREFETCH_GRP + 2 * k as u32;
+        let job = |grp: u32, group: String| {
+            (
+                NewJob::new(
+                    &FaultJob {
+                        grp,
+                        seq: 0,
+                        mode: Mode::Normal,
+                        work_ms: 1_500,
+                    },
+                    EnqueueOptions::group(group).queue("prefetch"),
+                )
+                .expect("a valid job"),
+                Enqueued {
+                    id: 0,
+                    queue: "prefetch",
+                    grp,
+                    seq: 0,
+                    mode: Mode::Normal,
+                    max_attempts: FaultJob::MAX_ATTEMPTS,
+                },
+            )
+        };
+        let first = self.jobs.len();
+        self.enqueue(vec![
+            job(grp, format!("pf-{k}-a")),
+            job(grp + 1, format!("pf-{k}-b")),
+        ])
+        .await;
+        let (a, b) = (self.jobs[first].id, self.jobs[first + 1].id);
+        let starts = |path: &Path, pid: u32, job: i64| -> Vec<i64> {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            runs::parse_all(&text)
+                .0
+                .iter()
+                .filter_map(|l| match l {
+                    Line::Start {
+                        run, pid: p, ns, ..
+                    } if run.job == job && *p == pid => Some(*ns),
+                    _ => None,
+                })
+                .collect()
+        };
+        // One handler runs; the other job is taken and waits for the slot.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let roles = loop {
+            let (sa, sb) = (
+                !starts(&pf_records, pf, a).is_empty(),
+                !starts(&pf_records, pf, b).is_empty(),
+            );
+            let recorded = self
+                .monitor
+                .scalar(&format!(
+                    "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id IN ({a}, {b})"
+                ))
+                .await;
+            match (sa, sb, recorded) {
+                (true, false, 2) => break Some((a, b)),
+                (false, true, 2) => break Some((b, a)),
+                (true, true, _) => break None,
+                _ if Instant::now() > deadline => break None,
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        };
+        let done_sql = format!(
+            "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded' AND id IN ({a}, {b})"
+        );
+        let Some((running, waiting)) = roles else {
+            println!(
+                "faults: prefetch scenario {k}: {pf_app} did not hold one job running and the other \
+                 waiting for its slot (no prefetch lane?): nothing to test"
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while self.monitor.scalar(&done_sql).await != 2 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            self.fleet.stop(pf).await;
+            return;
+        };
+
+        let before: Vec<u32> = self.fleet.alive.iter().map(|p| p.pid).collect();
+        let t0 = now_ns();
+        let n = self
+            .monitor
+            .scalar(&format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name LIKE '{APP_PREFIX}%'"
+            ))
+            .await;
+        self.seen.db_faults.push(t0);
+        self.seen.terminations += 1;
+        self.seen.terminated_backends += n;
+        let pf2 = self.fleet.spawn(Role::Prefetcher, 1).await;
+        let pf2_records = self.fleet.get(pf2).expect("alive").records.clone();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.monitor.scalar(&done_sql).await != 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the prefetch scenario's jobs did not finish after the cut"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The first runner's slot frees up when the running handler ends
+        // (about 1.5 s after it began): give a late start time to show.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&pf_records).unwrap_or_default();
+            let ended = runs::parse_all(&text)
+                .0
+                .iter()
+                .any(|l| matches!(l, Line::End { run, .. } if run.job == running));
+            if ended || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let ms = |ns: i64| (ns - t0) as f64 / 1e6;
+        let zombie: Vec<i64> = starts(&pf_records, pf, waiting)
+            .into_iter()
+            .filter(|&ns| ns > t0)
+            .collect();
+        let other: Vec<i64> = starts(&pf2_records, pf2, waiting);
+        println!(
+            "faults: prefetch scenario {k}: {pf_app} ran job {running} and held job {waiting} in its \
+             prefetch lane; {n} connections terminated; the other runner started job {waiting} at \
+             {:?} ms; {pf_app} started it at {:?} ms (after the cut)",
+            other.iter().map(|&t| ms(t).round()).collect::<Vec<_>>(),
+            zombie.iter().map(|&t| ms(t).round()).collect::<Vec<_>>()
+        );
+        if !zombie.is_empty() {
+            self.seen.failures.push(format!(
+                "LIBRARY BUG (prefetch lane): {pf_app} took job {waiting} into its prefetch lane, every \
+                 pgfifo connection was terminated, another runner started the job {:?} ms later, and \
+                 {pf_app} still started the job's handler {:?} ms after the cut, without its lock, \
+                 when its slot freed up",
+                other.iter().map(|&t| ms(t).round()).collect::<Vec<_>>(),
+                zombie.iter().map(|&t| ms(t).round()).collect::<Vec<_>>()
+            ));
+        }
+        self.recover(t0, &before, "terminate (prefetch lane)").await;
+        self.fleet.stop(pf).await;
+        self.fleet.stop(pf2).await;
+    }
+
     /// The frozen worker: SIGSTOP mid-handler, group released by the server,
     /// the job's other run commits, SIGCONT, the frozen run does not commit,
     /// the worker carries on.
@@ -1006,9 +1195,11 @@ impl Suite {
         };
         let pre_ns = field("pre_ns=");
         let app = self.fleet.get(freezer).expect("alive").app.clone();
+        // The frozen job's session: idle in its transaction since the
+        // handler's last statement.
         let idle_sql = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}' \
-             AND state = 'idle in transaction'"
+             AND state = 'idle in transaction' AND query LIKE 'INSERT INTO fault_log%'"
         );
         let mid_handler = self.monitor.scalar(&idle_sql).await;
         if mid_handler != 1 {
@@ -1282,7 +1473,7 @@ async fn faults_suite() {
     steps.extend(std::iter::repeat_n(Step::Kill, plan.kills));
     steps.extend(std::iter::repeat_n(Step::Terminate, plan.terminations));
     for i in 0..plan.restarts {
-        let mode = if plan.soak && i % 2 == 1 {
+        let mode = if i % 2 == 1 {
             StopMode::Immediate
         } else {
             StopMode::Fast
@@ -1290,6 +1481,7 @@ async fn faults_suite() {
         steps.push(Step::Restart(mode));
     }
     steps.extend(std::iter::repeat_n(Step::Freeze, plan.freezes));
+    steps.extend(std::iter::repeat_n(Step::PrefetchCut, plan.prefetch_cuts));
     suite.rng.shuffle(&mut steps[..]);
     let first_other = steps.iter().position(|s| *s != Step::Kill).unwrap_or(0);
     if first_other < 2 {
@@ -1307,6 +1499,7 @@ async fn faults_suite() {
     suite.enqueue(first_wave).await;
     let chaos = Instant::now();
     let mut freezes = 0;
+    let mut prefetch_cuts = 0;
     for (i, step) in steps.iter().enumerate() {
         let pause = suite.rng.range(plan.step_ms.0, plan.step_ms.1);
         suite.pause(Duration::from_millis(pause)).await;
@@ -1318,6 +1511,10 @@ async fn faults_suite() {
             Step::Freeze => {
                 suite.freeze(freezes).await;
                 freezes += 1;
+            }
+            Step::PrefetchCut => {
+                suite.prefetch_cut(prefetch_cuts).await;
+                prefetch_cuts += 1;
             }
         }
         if plan.soak && i % 25 == 24 {
@@ -1540,10 +1737,12 @@ async fn faults_suite() {
         .iter()
         .map(|a| ((a.job_id, a.attempt), a))
         .collect();
-    let end_text: HashMap<runs::RunKey, String> = lines
+    let end_text: HashMap<(u32, u64), String> = lines
         .iter()
         .filter_map(|l| match l {
-            Line::End { run, outcome, .. } => Some((*run, outcome.clone())),
+            Line::End {
+                pid, n, outcome, ..
+            } => Some(((*pid, *n), outcome.clone())),
             _ => None,
         })
         .collect();
@@ -1571,7 +1770,9 @@ async fn faults_suite() {
             secs(i.start),
             secs(i.end),
             i.cut,
-            end_text.get(&i.run).map_or("no end line", String::as_str)
+            end_text
+                .get(&(i.pid, i.n))
+                .map_or("no end line", String::as_str)
         )
     };
     let fault_times: Vec<String> = suite
@@ -1606,6 +1807,75 @@ async fn faults_suite() {
         })
         .count();
     let interrupted = intervals.iter().filter(|i| i.cut == Cut::Died).count();
+    // How soon a cut-off job ran again: from its process's death (or the
+    // database fault) to the start of its next attempt's handler. This bounds
+    // how long the group stayed held (plus the time to pick and start).
+    let mut next_start: HashMap<(i64, u32), i64> = HashMap::new();
+    for i in &intervals {
+        next_start.insert((i.run.job, i.run.attempt), i.start);
+    }
+    let rerun_delays = |cut: Cut| -> Vec<f64> {
+        let mut v: Vec<f64> = intervals
+            .iter()
+            .filter(|i| i.cut == cut)
+            .filter_map(|i| {
+                (i.run.attempt + 1..i.run.attempt + 4)
+                    .find_map(|a| next_start.get(&(i.run.job, a)))
+                    .map(|&next| (next - i.end) as f64 / 1e6)
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    // When the server ended each killed process's transactions (its log
+    // has a line per session, with the application name): the group release.
+    let server_log = pg.log_text();
+    let mut kill_release: Vec<f64> = suite
+        .fleet
+        .deaths
+        .iter()
+        .filter(|d| matches!(d.cause, Cause::Killed | Cause::Poison))
+        .filter_map(|d| {
+            server_log
+                .lines()
+                .filter(|l| {
+                    l.contains(&format!(
+                        "] {} LOG:  unexpected EOF on client connection",
+                        d.app
+                    ))
+                })
+                .filter_map(log_line_ns)
+                .filter(|&t| t >= d.ns - 5_000_000 && t < d.ns + 10_000_000_000)
+                .max()
+                .map(|t| (t - d.ns) as f64 / 1e6)
+        })
+        .collect();
+    kill_release.sort_by(f64::total_cmp);
+    if !kill_release.is_empty() {
+        println!(
+            "faults: process killed or aborted -> the server ended its open transactions after: \
+             median {:.0} ms, max {:.0} ms ({} processes, from the server log)",
+            kill_release[kill_release.len() / 2],
+            kill_release[kill_release.len() - 1],
+            kill_release.len()
+        );
+    }
+    for (cut, what) in [
+        (Cut::Died, "process killed or aborted"),
+        (Cut::DatabaseFault, "connections cut or database restarted"),
+    ] {
+        let v = rerun_delays(cut);
+        if !v.is_empty() {
+            println!(
+                "faults: {what} -> the cut-off job's next run started after (includes waiting \
+                 for a free lane under load): median {:.0} ms, p90 {:.0} ms, max {:.0} ms ({} runs)",
+                v[v.len() / 2],
+                v[v.len() * 9 / 10],
+                v[v.len() - 1],
+                v.len()
+            );
+        }
+    }
     let poison_aborts = suite
         .fleet
         .deaths
@@ -1737,8 +2007,11 @@ async fn faults_suite() {
         format!("poison_aborts={poison_aborts}"),
     );
     need(
-        hang_timeouts >= 1 && panics >= 1,
-        "no handler timed out or panicked".to_owned(),
+        hang_timeouts >= (plan.hang_once as i64).max(1)
+            && panics >= (plan.panic_once as i64).max(1),
+        format!(
+            "hang_timeouts={hang_timeouts} panics={panics}: too few handlers timed out or panicked"
+        ),
     );
     need(
         failed_as_expected == plan.poison + plan.hang_always + plan.panic_always,
@@ -1966,57 +2239,12 @@ async fn unresponsive_database_at_start_is_not_a_silent_hang() {
     assert!(result.is_err(), "connected to a server that never answers");
 }
 
-#[derive(QueryableByName, Debug)]
-struct ActRow {
-    #[diesel(sql_type = Text)]
-    line: String,
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore]
-async fn scratch() {
-    let pg = PrivatePg::start().unwrap();
-    let dir = pg.root().join("run");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut admin = AsyncPgConnection::establish(&pg.url("postgres"))
-        .await
-        .unwrap();
-    admin.batch_execute("CREATE DATABASE faults").await.unwrap();
-    let url = pg.url("faults");
-    let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
-    pgfifo::migrate::migrate_conn(&mut conn).await.unwrap();
-    conn.batch_execute(FAULT_LOG).await.unwrap();
-    let mut fleet = Fleet::new(dir, url.clone());
-    fleet.spawn(Role::Worker, 4).await;
-    let jobs: Vec<NewJob> = (0..400u32)
-        .map(|k| {
-            NewJob::new(
-                &FaultJob {
-                    grp: k % 40,
-                    seq: k / 40,
-                    mode: Mode::Normal,
-                    work_ms: 100,
-                },
-                EnqueueOptions::group(format!("g{}", k % 40)),
-            )
-            .unwrap()
-        })
-        .collect();
-    pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let rows: Vec<ActRow> = diesel::sql_query("SELECT format('%s %s %s %s', pid, application_name, state, left(query, 60)) AS line FROM pg_stat_activity WHERE application_name LIKE 'pgfifo-fw%' ORDER BY pid").load(&mut conn).await.unwrap();
-        println!("---");
-        for r in rows {
-            println!("{}", r.line);
-        }
-    }
-    let n = {
-        let r: Scalar = diesel::sql_query("SELECT count(*)::bigint AS v FROM fault_log")
-            .get_result(&mut conn)
-            .await
-            .unwrap();
-        r.v
-    };
-    println!("committed {n}");
+#[test]
+fn server_log_times_parse() {
+    // 2026-11-21 16:38:12.928 UTC = 1795279092.928 s since the epoch.
+    assert_eq!(
+        log_line_ns("2026-11-21 16:38:12.928 UTC [22314] pgfifo-fw-w18 FATAL:  x"),
+        Some(1_795_279_092_928_000_000)
+    );
+    assert_eq!(log_line_ns("2026-11-21 16:38:12.928 CET [1] x"), None);
 }

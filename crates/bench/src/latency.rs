@@ -217,38 +217,38 @@ async fn enqueue_steadily(
                 .build()
                 .map_err(|e| e.to_string())?;
             rt.block_on(async move {
-            let mut conn = AsyncPgConnection::establish(&url)
-                .await
-                .map_err(|e| e.to_string())?;
-            // This lane's share of a fixed schedule: ticks lane, lane + E, …
-            // When an enqueue overruns its slot, the missed ticks are skipped
-            // (not fired in a burst to catch up), so the enqueuers never send
-            // faster than RATE; `achieved_rate` says whether they kept up.
-            let first = tokio::time::Instant::from_std(started) + period * lane as u32;
-            let mut ticks = tokio::time::interval_at(first, period * enqueuers as u32);
-            ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
-            let mut out = Enqueued {
-                jobs: Vec::new(),
-                call_ms: Vec::new(),
-                secs: 0.0,
-            };
-            let mut n = lane;
-            loop {
-                if ticks.tick().await >= until {
-                    break;
-                }
-                let group = format!("g{}", n % groups);
-                let call = Instant::now();
-                let id = LatencyJob { n }
-                    .enqueue(&mut conn, &group)
+                let mut conn = AsyncPgConnection::establish(&url)
                     .await
                     .map_err(|e| e.to_string())?;
-                let committed = Instant::now();
-                out.jobs.push((id, committed));
-                out.call_ms.push((committed - call).as_secs_f64() * 1e3);
-                n += enqueuers;
-            }
-            Ok::<Enqueued, String>(out)
+                // This lane's share of a fixed schedule: ticks lane, lane + E, …
+                // When an enqueue overruns its slot, the missed ticks are skipped
+                // (not fired in a burst to catch up), so the enqueuers never send
+                // faster than RATE; `achieved_rate` says whether they kept up.
+                let first = tokio::time::Instant::from_std(started) + period * lane as u32;
+                let mut ticks = tokio::time::interval_at(first, period * enqueuers as u32);
+                ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+                let mut out = Enqueued {
+                    jobs: Vec::new(),
+                    call_ms: Vec::new(),
+                    secs: 0.0,
+                };
+                let mut n = lane;
+                loop {
+                    if ticks.tick().await >= until {
+                        break;
+                    }
+                    let group = format!("g{}", n % groups);
+                    let call = Instant::now();
+                    let id = LatencyJob { n }
+                        .enqueue(&mut conn, &group)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let committed = Instant::now();
+                    out.jobs.push((id, committed));
+                    out.call_ms.push((committed - call).as_secs_f64() * 1e3);
+                    n += enqueuers;
+                }
+                Ok::<Enqueued, String>(out)
             })
         }));
     }
@@ -258,7 +258,9 @@ async fn enqueue_steadily(
         secs: 0.0,
     };
     for task in tasks {
-        let part = task.join().map_err(|_| "an enqueuer thread panicked".to_owned())??;
+        let part = task
+            .join()
+            .map_err(|_| "an enqueuer thread panicked".to_owned())??;
         all.jobs.extend(part.jobs);
         all.call_ms.extend(part.call_ms);
     }

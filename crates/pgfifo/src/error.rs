@@ -70,6 +70,10 @@ pub enum Error {
     /// A database error.
     #[error("database error: {0}")]
     Database(#[from] diesel::result::Error),
+    /// The database server accepted the connection but did not complete the
+    /// startup exchange in time.
+    #[error("the database server did not answer within {0:?}")]
+    ConnectTimeout(std::time::Duration),
     /// Connecting to the database failed.
     #[error("could not connect to the database: {0}")]
     Connection(#[from] diesel::ConnectionError),

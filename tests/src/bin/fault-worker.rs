@@ -26,6 +26,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -87,20 +88,19 @@ fn record(line: &Line) {
 /// Writes the run's `fault_log` row through the job's transaction.
 async fn log_run(
     ctx: &mut JobContext<'_>,
-    queue: &str,
     grp: u32,
     seq: u32,
     start_ns: i64,
     end_ns: i64,
 ) -> Result<(), diesel::result::Error> {
-    let (id, attempt) = (ctx.id(), ctx.attempt());
+    let (id, attempt, queue) = (ctx.id(), ctx.attempt(), ctx.queue().to_owned());
     diesel::sql_query(
         "INSERT INTO fault_log (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind::<BigInt, _>(id)
     .bind::<Integer, _>(attempt as i32)
-    .bind::<Text, _>(queue)
+    .bind::<Text, _>(&queue)
     .bind::<Integer, _>(grp as i32)
     .bind::<Integer, _>(seq as i32)
     .bind::<Integer, _>(std::process::id() as i32)
@@ -111,14 +111,28 @@ async fn log_run(
     .map(drop)
 }
 
-fn started(ctx: &JobContext<'_>, grp: u32, seq: u32) -> (RunKey, i64) {
-    let run = RunKey {
-        job: ctx.id(),
-        attempt: ctx.attempt(),
+/// Runs of this process so far: each run's number joins its record lines.
+static RUN_NO: AtomicU64 = AtomicU64::new(0);
+
+/// A run in progress: its job and attempt, and its number in this process.
+#[derive(Clone, Copy)]
+struct Run {
+    key: RunKey,
+    n: u64,
+}
+
+fn started(ctx: &JobContext<'_>, grp: u32, seq: u32) -> (Run, i64) {
+    let run = Run {
+        key: RunKey {
+            job: ctx.id(),
+            attempt: ctx.attempt(),
+        },
+        n: RUN_NO.fetch_add(1, Ordering::Relaxed),
     };
     let ns = now_ns();
     record(&Line::Start {
-        run,
+        run: run.key,
+        n: run.n,
         grp,
         seq,
         pid: std::process::id(),
@@ -127,9 +141,11 @@ fn started(ctx: &JobContext<'_>, grp: u32, seq: u32) -> (RunKey, i64) {
     (run, ns)
 }
 
-fn ended(run: RunKey, outcome: &str) {
+fn ended(run: Run, outcome: &str) {
     record(&Line::End {
-        run,
+        run: run.key,
+        pid: std::process::id(),
+        n: run.n,
         ns: now_ns(),
         outcome: outcome.to_owned(),
     });
@@ -147,6 +163,29 @@ fn db_error(e: &diesel::result::Error) -> String {
     format!("dberr:{text}")
 }
 
+/// Whether an earlier attempt of this job failed with an error containing
+/// `what`, as `pgfifo.job_attempt` records it.
+async fn earlier_failure(
+    ctx: &mut JobContext<'_>,
+    what: &str,
+) -> Result<bool, diesel::result::Error> {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let id = ctx.id();
+    let row = diesel::sql_query(
+        "SELECT count(*) AS n FROM pgfifo.job_attempt \
+         WHERE job_id = $1 AND strpos(coalesce(error, ''), $2) > 0",
+    )
+    .bind::<BigInt, _>(id)
+    .bind::<Text, _>(what)
+    .get_result::<Count>(ctx.conn())
+    .await?;
+    Ok(row.n > 0)
+}
+
 /// Sleeps far past any job timeout: the runner cancels the handler.
 async fn hang() {
     tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -156,36 +195,51 @@ async fn hang() {
 impl Handler for FaultJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
         let (run, start_ns) = started(ctx, self.grp, self.seq);
-        let first = ctx.attempt() == 1;
-        match self.mode {
+        let hangs = match self.mode {
             Mode::Poison => {
                 record(&Line::Abort {
-                    run,
+                    run: run.key,
                     pid: std::process::id(),
+                    n: run.n,
                     ns: now_ns(),
                 });
                 std::process::abort();
             }
-            Mode::HangAlways => hang().await,
-            Mode::HangOnce if first => hang().await,
-            _ => {}
-        }
-        if self.work_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
-        }
-        let logged = log_run(ctx, "faults", self.grp, self.seq, start_ns, now_ns()).await;
-        let panics = self.mode == Mode::PanicAlways || (self.mode == Mode::PanicOnce && first);
-        let outcome = match (&logged, panics) {
-            (Err(e), _) => db_error(e),
-            (Ok(()), true) => "panic".to_owned(),
-            (Ok(()), false) => "ok".to_owned(),
+            Mode::HangAlways => Ok(true),
+            Mode::HangOnce => earlier_failure(ctx, "timed out").await.map(|seen| !seen),
+            _ => Ok(false),
         };
-        ended(run, &outcome);
-        logged?;
+        if hangs.as_ref().is_ok_and(|h| *h) {
+            hang().await;
+        }
+        let written = match hangs {
+            Err(e) => Err(e),
+            Ok(_) => {
+                if self.work_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
+                }
+                match log_run(ctx, self.grp, self.seq, start_ns, now_ns()).await {
+                    Err(e) => Err(e),
+                    Ok(()) => match self.mode {
+                        Mode::PanicAlways => Ok(true),
+                        Mode::PanicOnce => earlier_failure(ctx, "panicked").await.map(|seen| !seen),
+                        _ => Ok(false),
+                    },
+                }
+            }
+        };
+        let panics = match written {
+            Err(e) => {
+                ended(run, &db_error(&e));
+                return Err(e.into());
+            }
+            Ok(panics) => panics,
+        };
+        ended(run, if panics { "panic" } else { "ok" });
         if panics {
             panic!(
                 "fault-worker: planned panic in job {} attempt {}",
-                run.job, run.attempt
+                run.key.job, run.key.attempt
             );
         }
         Ok(())
@@ -198,7 +252,7 @@ impl Handler for FreezeJob {
         let (run, start_ns) = started(ctx, self.grp, self.seq);
         if self.freeze && ctx.attempt() == 1 {
             let pre_ns = now_ns();
-            let logged = log_run(ctx, "freeze", self.grp, self.seq, start_ns, pre_ns).await;
+            let logged = log_run(ctx, self.grp, self.seq, start_ns, pre_ns).await;
             let done_ns = now_ns();
             if let Err(e) = logged {
                 ended(run, &db_error(&e));
@@ -208,7 +262,7 @@ impl Handler for FreezeJob {
             // transaction is idle, as a frozen process would leave it.
             say(&format!(
                 "freeze-point job={} pid={} pre_ns={pre_ns} done_ns={done_ns}",
-                run.job,
+                run.key.job,
                 std::process::id()
             ));
             let hold = *FREEZE_HOLD.get().expect("set in main");
@@ -221,7 +275,7 @@ impl Handler for FreezeJob {
         if self.work_ms > 0 {
             tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
         }
-        let logged = log_run(ctx, "freeze", self.grp, self.seq, start_ns, now_ns()).await;
+        let logged = log_run(ctx, self.grp, self.seq, start_ns, now_ns()).await;
         ended(
             run,
             &logged.as_ref().map_or_else(db_error, |()| "ok".to_owned()),

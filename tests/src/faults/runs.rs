@@ -25,12 +25,14 @@ use serde::{Deserialize, Serialize};
 pub enum Mode {
     /// Sleeps its `work_ms`, logs the run in the job's transaction, succeeds.
     Normal,
-    /// Hangs past its timeout on attempt 1, then behaves normally.
+    /// Hangs past its timeout until one of its attempts has timed out (as
+    /// recorded in `pgfifo.job_attempt`), then behaves normally: an attempt
+    /// cut off by another fault does not spare it its timeout.
     HangOnce,
     /// Hangs past its timeout on every attempt: fails at max attempts.
     HangAlways,
-    /// Logs the run, then panics on attempt 1 (the log row rolls back), then
-    /// behaves normally.
+    /// Logs the run, then panics (the log row rolls back), until one of its
+    /// attempts has panicked; then behaves normally.
     PanicOnce,
     /// Logs the run, then panics on every attempt: fails at max attempts.
     PanicAlways,
@@ -50,8 +52,10 @@ impl Mode {
 pub enum Line {
     /// A handler started.
     Start {
-        /// The run.
+        /// The run's job and attempt.
         run: RunKey,
+        /// The run's number in its process (joins its `E` or `A` line).
+        n: u64,
         /// Its group (the suite's group number).
         grp: u32,
         /// Its place in the group (enqueue order).
@@ -63,8 +67,12 @@ pub enum Line {
     },
     /// A handler ended.
     End {
-        /// The run.
+        /// The run's job and attempt.
         run: RunKey,
+        /// The worker process.
+        pid: u32,
+        /// The run's number in its process.
+        n: u64,
         /// When (ns since the epoch).
         ns: i64,
         /// `ok` (the log row was written in the job's transaction), `dberr`
@@ -74,17 +82,21 @@ pub enum Line {
     },
     /// A poison handler is about to abort its process.
     Abort {
-        /// The run.
+        /// The run's job and attempt.
         run: RunKey,
         /// The worker process.
         pid: u32,
+        /// The run's number in its process.
+        n: u64,
         /// When (ns since the epoch).
         ns: i64,
     },
 }
 
-/// A run: the job and the attempt number (unique per job: attempts are
-/// numbered by `pgfifo.job_attempt`'s primary key).
+/// A run's job and attempt number. Not always unique: a server crash can
+/// lose the newest attempt records (they are written without waiting for the
+/// WAL flush), and the number is then given again. A run is identified by
+/// its process and its number there (`pid`, `n`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunKey {
     /// The job's id.
@@ -99,19 +111,27 @@ impl Line {
         match self {
             Line::Start {
                 run,
+                n,
                 grp,
                 seq,
                 pid,
                 ns,
             } => format!(
-                "S\t{}\t{}\t{grp}\t{seq}\t{pid}\t{ns}\n",
+                "S\t{}\t{}\t{grp}\t{seq}\t{pid}\t{ns}\t{n}\n",
                 run.job, run.attempt
             ),
-            Line::End { run, ns, outcome } => {
-                format!("E\t{}\t{}\t{ns}\t{outcome}\n", run.job, run.attempt)
-            }
-            Line::Abort { run, pid, ns } => {
-                format!("A\t{}\t{}\t{pid}\t{ns}\n", run.job, run.attempt)
+            Line::End {
+                run,
+                pid,
+                n,
+                ns,
+                outcome,
+            } => format!(
+                "E\t{}\t{}\t{pid}\t{n}\t{ns}\t{outcome}\n",
+                run.job, run.attempt
+            ),
+            Line::Abort { run, pid, n, ns } => {
+                format!("A\t{}\t{}\t{pid}\t{ns}\t{n}\n", run.job, run.attempt)
             }
         }
     }
@@ -126,6 +146,9 @@ impl Line {
         let small = |i: usize| -> Result<u32, String> {
             f.get(i).and_then(|s| s.parse().ok()).ok_or_else(bad)
         };
+        let count = |i: usize| -> Result<u64, String> {
+            f.get(i).and_then(|s| s.parse().ok()).ok_or_else(bad)
+        };
         let key = || -> Result<RunKey, String> {
             Ok(RunKey {
                 job: num(1)?,
@@ -133,22 +156,26 @@ impl Line {
             })
         };
         match (f.first().copied(), f.len()) {
-            (Some("S"), 7) => Ok(Line::Start {
+            (Some("S"), 8) => Ok(Line::Start {
                 run: key()?,
                 grp: small(3)?,
                 seq: small(4)?,
                 pid: small(5)?,
                 ns: num(6)?,
+                n: count(7)?,
             }),
-            (Some("E"), 5) => Ok(Line::End {
+            (Some("E"), 7) => Ok(Line::End {
                 run: key()?,
-                ns: num(3)?,
-                outcome: f[4].to_owned(),
+                pid: small(3)?,
+                n: count(4)?,
+                ns: num(5)?,
+                outcome: f[6].to_owned(),
             }),
-            (Some("A"), 5) => Ok(Line::Abort {
+            (Some("A"), 6) => Ok(Line::Abort {
                 run: key()?,
                 pid: small(3)?,
                 ns: num(4)?,
+                n: count(5)?,
             }),
             _ => Err(bad()),
         }
@@ -174,11 +201,11 @@ pub fn in_flight(lines: &[Line]) -> usize {
     let mut open = std::collections::HashSet::new();
     for line in lines {
         match line {
-            Line::Start { run, .. } => {
-                open.insert(*run);
+            Line::Start { pid, n, .. } => {
+                open.insert((*pid, *n));
             }
-            Line::End { run, .. } | Line::Abort { run, .. } => {
-                open.remove(run);
+            Line::End { pid, n, .. } | Line::Abort { pid, n, .. } => {
+                open.remove(&(*pid, *n));
             }
         }
     }
@@ -189,8 +216,10 @@ pub fn in_flight(lines: &[Line]) -> usize {
 /// may have held its group's lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Interval {
-    /// The run.
+    /// The run's job and attempt.
     pub run: RunKey,
+    /// The run's number in its process.
+    pub n: u64,
     /// Its group.
     pub grp: u32,
     /// Its place in the group.
@@ -234,11 +263,11 @@ pub struct Context {
 
 /// Builds the intervals of every run from all processes' records.
 pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
-    let mut ends: HashMap<RunKey, i64> = HashMap::new();
+    let mut ends: HashMap<(u32, u64), i64> = HashMap::new();
     for line in lines {
         match line {
-            Line::End { run, ns, .. } | Line::Abort { run, ns, .. } => {
-                ends.insert(*run, *ns);
+            Line::End { pid, n, ns, .. } | Line::Abort { pid, n, ns, .. } => {
+                ends.insert((*pid, *n), *ns);
             }
             Line::Start { .. } => {}
         }
@@ -249,6 +278,7 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
     for line in lines {
         let Line::Start {
             run,
+            n,
             grp,
             seq,
             pid,
@@ -258,7 +288,7 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
             continue;
         };
         let mut candidates: Vec<(i64, Cut)> = Vec::new();
-        if let Some(&end) = ends.get(&run) {
+        if let Some(&end) = ends.get(&(pid, n)) {
             candidates.push((end, Cut::Ended));
         }
         if let Some(&death) = ctx.deaths.get(&pid) {
@@ -282,6 +312,7 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
             .expect("one candidate at least");
         out.push(Interval {
             run,
+            n,
             grp,
             seq,
             pid,
@@ -387,9 +418,12 @@ mod tests {
         RunKey { job, attempt }
     }
 
+    /// Runs are numbered by their job in these tests (one run per job and
+    /// process unless a test says otherwise).
     fn start(job: i64, attempt: u32, grp: u32, seq: u32, pid: u32, ns: i64) -> Line {
         Line::Start {
             run: key(job, attempt),
+            n: job as u64,
             grp,
             seq,
             pid,
@@ -397,9 +431,11 @@ mod tests {
         }
     }
 
-    fn end(job: i64, attempt: u32, ns: i64) -> Line {
+    fn end_of(job: i64, attempt: u32, pid: u32, ns: i64) -> Line {
         Line::End {
             run: key(job, attempt),
+            pid,
+            n: job as u64,
             ns,
             outcome: "ok".into(),
         }
@@ -411,19 +447,22 @@ mod tests {
             start(7, 2, 3, 4, 99, 1_700_000_000_000_000_000),
             Line::End {
                 run: key(7, 2),
+                pid: 99,
+                n: 7,
                 ns: 5,
-                outcome: "dberr".into(),
+                outcome: "dberr:connection closed".into(),
             },
             Line::Abort {
                 run: key(8, 1),
                 pid: 42,
+                n: 3,
                 ns: 6,
             },
         ] {
             assert_eq!(Line::parse(&line.to_line()), Ok(line));
         }
         assert!(Line::parse("S\t1\t2").is_err());
-        let (lines, bad) = parse_all("S\t1\t1\t0\t0\t9\t10\nE\t1\t1\t20\tok\nS\t2\t1\t0");
+        let (lines, bad) = parse_all("S\t1\t1\t0\t0\t9\t10\t1\nE\t1\t1\t9\t1\t20\tok\nS\t2\t1\t0");
         assert_eq!((lines.len(), bad.len()), (2, 1));
         assert_eq!(in_flight(&lines), 0);
     }
@@ -435,7 +474,7 @@ mod tests {
             start(2, 1, 1, 0, 11, 100), // database fault at 130
             start(3, 1, 2, 0, 12, 100), // timed out (timeout 40)
             start(4, 1, 3, 0, 12, 100),
-            end(4, 1, 120), // ended normally before the fault
+            end_of(4, 1, 12, 120), // ended normally before the fault
         ];
         let ctx = Context {
             deaths: HashMap::from([(10, 150)]),
@@ -474,19 +513,19 @@ mod tests {
     fn finds_overlaps_and_order_violations_within_groups() {
         let lines = [
             start(1, 1, 0, 0, 1, 0),
-            end(1, 1, 10),
+            end_of(1, 1, 1, 10),
             start(2, 1, 0, 1, 2, 11),
-            end(2, 1, 20),
+            end_of(2, 1, 2, 20),
             // Group 1: the second run starts while the first still runs.
             start(3, 1, 1, 0, 1, 0),
-            end(3, 1, 10),
+            end_of(3, 1, 1, 10),
             start(4, 1, 1, 1, 2, 5),
-            end(4, 1, 20),
+            end_of(4, 1, 2, 20),
             // Group 2: seq 1 before seq 0.
             start(5, 1, 2, 1, 1, 0),
-            end(5, 1, 1),
+            end_of(5, 1, 1, 1),
             start(6, 1, 2, 0, 1, 2),
-            end(6, 1, 3),
+            end_of(6, 1, 1, 3),
         ];
         let iv = intervals(&lines, &Context::default());
         let o = overlaps(&iv);
@@ -495,6 +534,24 @@ mod tests {
         let v = order_violations(&iv);
         assert_eq!(v.len(), 1);
         assert_eq!((v[0].0.run.job, v[0].1.run.job), (5, 6));
+    }
+
+    #[test]
+    fn runs_are_told_apart_by_process_not_attempt() {
+        // A server crash lost attempt 1's record: two runs of job 9 carry
+        // attempt 1. Each keeps its own end.
+        let lines = [
+            start(9, 1, 0, 0, 1, 0),
+            end_of(9, 1, 1, 10),
+            start(9, 1, 0, 0, 2, 20),
+            end_of(9, 1, 2, 30),
+        ];
+        let iv = intervals(&lines, &Context::default());
+        assert_eq!(
+            iv.iter().map(|i| (i.start, i.end)).collect::<Vec<_>>(),
+            vec![(0, 10), (20, 30)]
+        );
+        assert!(overlaps(&iv).is_empty());
     }
 
     #[test]

@@ -7,9 +7,13 @@
 pub(crate) mod sql;
 
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use std::time::Duration;
 
-use crate::Result;
+use diesel::{ConnectionError, ConnectionResult};
+use diesel_async::pooled_connection::ManagerConfig;
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+
+use crate::{Error, Result};
 
 /// The connection pool pgfifo works with: bb8 over diesel-async's PostgreSQL
 /// connection. Build it yourself (any settings) or with [`connect`].
@@ -19,6 +23,18 @@ pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 pub type PooledConnection =
     bb8::PooledConnection<'static, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
+/// How long [`connect`] waits for the server to answer (TCP connect, TLS and
+/// the startup exchange), per connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Server-side TCP keepalives put on every connection [`connect`] opens: a
+/// peer that vanished from the network (a dead machine, a partition) is
+/// noticed within about 25 s, its session ends and its jobs' locks are
+/// released. A frozen process is caught by the idle bound of each job's
+/// transaction instead (its kernel still answers keepalives).
+const KEEPALIVES: &str =
+    "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3";
+
 /// Builds a pool of at most `max_size` connections to `database_url`.
 ///
 /// A runner holds one connection per lane (`concurrency + prefetch`, see
@@ -26,16 +42,50 @@ pub type PooledConnection =
 /// own (the LISTEN connection and the attempt bookkeeper), so size the pool at
 /// least `concurrency + prefetch + 2` plus what the application uses.
 ///
-/// Fails at once with a clear error when the database cannot be reached.
+/// Fails at once with a clear error when the database cannot be reached, and
+/// within [`CONNECT_TIMEOUT`] when a server accepts the connection but never
+/// answers. Each connection gets TCP keepalives (see `docs/failure-model.md`).
 pub async fn connect(database_url: &str, max_size: u32) -> Result<Pool> {
     // bb8 connects lazily and retries until its timeout; connect once directly
     // so a bad URL or a down server is reported now, with the server's reason.
-    drop(AsyncPgConnection::establish(database_url).await?);
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(database_url);
-    let pool = bb8::Pool::builder()
+    drop(
+        establish(database_url.to_owned())
+            .await
+            .map_err(|err| match err {
+                ConnectionError::BadConnection(msg) if msg.starts_with(TIMED_OUT) => {
+                    Error::ConnectTimeout(CONNECT_TIMEOUT)
+                }
+                other => Error::Connection(other),
+            })?,
+    );
+    let mut config = ManagerConfig::default();
+    config.custom_setup = Box::new(|url| Box::pin(establish(url.to_owned())));
+    let manager =
+        AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(database_url, config);
+    bb8::Pool::builder()
         .max_size(max_size)
+        .connection_timeout(Duration::from_secs(30))
         .build(manager)
         .await
-        .map_err(|err| crate::Error::Pool(err.to_string()))?;
-    Ok(pool)
+        .map_err(|err| crate::Error::Pool(err.to_string()))
+}
+
+const TIMED_OUT: &str = "the database server did not answer within";
+
+/// Opens one connection with [`CONNECT_TIMEOUT`] and the keepalive settings.
+async fn establish(url: String) -> ConnectionResult<AsyncPgConnection> {
+    let connecting = async {
+        let mut conn = AsyncPgConnection::establish(&url).await?;
+        conn.batch_execute(KEEPALIVES)
+            .await
+            .map_err(ConnectionError::CouldntSetupConfiguration)?;
+        Ok(conn)
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ConnectionError::BadConnection(format!(
+                "{TIMED_OUT} {CONNECT_TIMEOUT:?}"
+            )))
+        })
 }

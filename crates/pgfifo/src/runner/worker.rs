@@ -260,21 +260,35 @@ async fn execute(
     conn: &mut AsyncPgConnection,
     job: PickedJob,
 ) -> Result<Option<JobEvent>, ConnectionLost> {
-    // The handler's savepoint (named as diesel names depth 1's savepoint, so
-    // diesel's rollback at depth 2 returns to it), set while the bookkeeper
-    // records the attempt on its own connection: one round trip for both.
-    let (savepoint, recorded) = {
+    // The handler's savepoint is named as diesel names depth 1's savepoint, so
+    // diesel's rollback at depth 2 returns to it. When a slot is free at once,
+    // it is set while the bookkeeper records the attempt on its own
+    // connection: one round trip for both.
+    let slot_now = shared.slots.try_acquire().ok();
+    let (savepoint, recorded) = if slot_now.is_some() {
         let mut shared_conn: &AsyncPgConnection = conn;
-        tokio::join!(
+        let (savepoint, recorded) = tokio::join!(
             shared_conn.batch_execute(SAVEPOINT),
             shared.bookkeeper.start_attempt(job.id, job.max_attempts)
+        );
+        (Some(savepoint), recorded)
+    } else {
+        (
+            None,
+            shared
+                .bookkeeper
+                .start_attempt(job.id, job.max_attempts)
+                .await,
         )
     };
-    if let Err(err) = savepoint {
-        let _ = Tm::rollback_transaction(conn).await;
-        return Err(err.into());
+    match savepoint {
+        Some(Err(err)) => {
+            let _ = Tm::rollback_transaction(conn).await;
+            return Err(err.into());
+        }
+        Some(Ok(())) => set_depth(conn, 2)?,
+        None => {}
     }
-    set_depth(conn, 2)?;
     let attempt = match recorded {
         Ok(Some(attempt)) => attempt,
         Ok(None) => {
@@ -298,17 +312,36 @@ async fn execute(
         );
         return finish_failed(shared, conn, &job, attempt, error).await;
     };
-    // Wait for a free slot: at most `concurrency` handlers run at once. Lanes
-    // beyond that have their next job picked, locked and its attempt recorded
-    // meanwhile. A job that waits too long is handed back (and its attempt
-    // forgotten) rather than sit on its group.
-    let permit = tokio::select! {
-        permit = shared.slots.acquire() => permit.ok(),
-        () = tokio::time::sleep(SLOT_PATIENCE) => None,
-        () = shared.stop.cancelled() => None,
-    };
-    let Some(_permit) = permit else {
-        return hand_back(shared, conn, &job, attempt).await;
+    // Otherwise wait for a free slot: at most `concurrency` handlers run at
+    // once. Lanes beyond that have their next job picked, locked and its
+    // attempt recorded meanwhile. A job that waits too long is handed back
+    // (and its attempt forgotten) rather than sit on its group.
+    let permit = match slot_now {
+        Some(permit) => permit,
+        None => {
+            let waited = tokio::select! {
+                permit = shared.slots.acquire() => permit.ok(),
+                () = tokio::time::sleep(SLOT_PATIENCE) => None,
+                () = shared.stop.cancelled() => None,
+            };
+            let Some(permit) = waited else {
+                return hand_back(shared, conn, &job, attempt).await;
+            };
+            // The job's connection may have died while it waited (a killed
+            // backend, a restart, the idle bound): another runner may
+            // already run the job. Setting the savepoint now proves that the
+            // transaction, and so its locks, is alive before the handler
+            // starts.
+            if let Err(err) = conn.batch_execute(SAVEPOINT).await {
+                shared.bookkeeper.forget_attempt(job.id, attempt).await;
+                return Err(ConnectionLost(format!(
+                    "the connection of prefetched job {} failed before it started: {err}",
+                    job.id
+                )));
+            }
+            set_depth(conn, 2)?;
+            permit
+        }
     };
     tracing::debug!("job started");
 
@@ -318,7 +351,7 @@ async fn execute(
     let ran = run_handler(shared, conn, &job, attempt, registration, timeout).await;
     // The slot is free as soon as the handler is done; writing the outcome and
     // committing overlap with the next handler.
-    drop(_permit);
+    drop(permit);
 
     let failure = match ran {
         Ran::Ok(result) => match depth(conn) {
