@@ -14,7 +14,9 @@
 //! back and the jobs run again later, without losing an attempt).
 
 mod bookkeeper;
+mod execute;
 mod listener;
+mod txn;
 mod worker;
 
 use std::sync::Arc;

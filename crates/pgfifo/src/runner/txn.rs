@@ -1,0 +1,110 @@
+//! The job transaction's plumbing: the statements pgfifo sends itself to
+//! open, mark and end it, keeping diesel's transaction manager in step, and
+//! rolling back after a handler ended in any way.
+
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, TransactionManager};
+use futures_util::FutureExt;
+
+use super::Shared;
+
+/// diesel's transaction manager of a connection.
+pub(super) type Tm = <AsyncPgConnection as AsyncConnection>::TransactionManager;
+
+/// How long the rollback of a timed-out handler may wait for the handler's
+/// last statement before that statement is cancelled on the server.
+const ROLLBACK_PATIENCE: Duration = Duration::from_secs(2);
+/// How long to wait after cancelling before giving the connection up.
+const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
+/// What went wrong with the worker's connection; the worker drops it (the
+/// pool discards it, the server aborts its transaction) and starts over.
+#[derive(Debug)]
+pub(super) struct ConnectionLost(pub(super) String);
+
+impl From<diesel::result::Error> for ConnectionLost {
+    fn from(err: diesel::result::Error) -> Self {
+        ConnectionLost(err.to_string())
+    }
+}
+
+/// The handler's savepoint: diesel's name for the savepoint of depth 1.
+pub(super) const SAVEPOINT: &str = "SAVEPOINT diesel_savepoint_1";
+/// Ends a job's transaction and opens the next one.
+pub(super) const COMMIT_AND_BEGIN: &str =
+    "COMMIT; BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true)";
+/// Opens a job transaction, marked so that `pgfifo.pick` and
+/// `pgfifo.complete` can tell it from autocommit (see `pgfifo.pick`).
+pub(super) const BEGIN_JOB: &str = "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true)";
+/// Checks the handler's deferred constraints before its success is written.
+pub(super) const CHECK_CONSTRAINTS: &str = "SET CONSTRAINTS ALL IMMEDIATE";
+
+/// Whether a database error means the connection is gone (as opposed to an
+/// SQL error on a working connection).
+pub(super) fn is_connection_error(err: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    !matches!(err, Error::DatabaseError(kind, _) if !matches!(kind, DatabaseErrorKind::ClosedConnection))
+}
+
+/// Tells diesel's transaction manager the depth after transaction statements
+/// pgfifo sent itself, so handlers' nested `transaction` calls still become
+/// savepoints and pooled connections are judged correctly.
+pub(super) fn set_depth(conn: &mut AsyncPgConnection, target: u32) -> Result<(), ConnectionLost> {
+    use diesel::connection::TransactionDepthChange::{DecreaseDepth, IncreaseDepth};
+    let status = Tm::transaction_manager_status_mut(conn).transaction_state()?;
+    loop {
+        let current = status.transaction_depth().map_or(0, |d| d.get());
+        match current.cmp(&target) {
+            std::cmp::Ordering::Equal => return Ok(()),
+            std::cmp::Ordering::Less => status.change_transaction_depth(IncreaseDepth)?,
+            std::cmp::Ordering::Greater => status.change_transaction_depth(DecreaseDepth)?,
+        }
+    }
+}
+
+/// The transaction depth diesel tracks (0: none), or `None` if its state is broken.
+pub(super) fn depth(conn: &mut AsyncPgConnection) -> Option<u32> {
+    Tm::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .ok()
+        .map(|d| d.map_or(0, |d| d.get()))
+}
+
+/// Rolls back to transaction depth `target` after a handler ended in any way
+/// (including a dropped future whose statement may still run on the server:
+/// after a while that statement is cancelled). `false`: the connection is
+/// unusable and must be dropped, which aborts the transaction on the server.
+pub(super) async fn rollback_to(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    target: u32,
+    backend_pid: i32,
+) -> bool {
+    let unwind = AssertUnwindSafe(async {
+        loop {
+            match depth(conn) {
+                Some(d) if d > target => Tm::rollback_transaction(conn).await?,
+                Some(d) if d == target => return Ok(true),
+                _ => return Ok::<_, diesel::result::Error>(false),
+            }
+        }
+    })
+    // diesel asserts (in debug builds) when a transaction statement of the
+    // handler was cut off mid-flight; treat that as a broken connection.
+    .catch_unwind();
+    let mut unwind = pin!(unwind);
+    let result = tokio::select! {
+        result = &mut unwind => result,
+        () = tokio::time::sleep(ROLLBACK_PATIENCE) => {
+            tracing::warn!(backend_pid, "the handler's statement is still running; cancelling it");
+            shared.bookkeeper.cancel_backend(backend_pid).await;
+            match tokio::time::timeout(CANCEL_PATIENCE, &mut unwind).await {
+                Ok(result) => result,
+                Err(_) => return false,
+            }
+        }
+    };
+    matches!(result, Ok(Ok(true)))
+}
