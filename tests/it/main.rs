@@ -10,6 +10,8 @@ mod smoke;
 // Enqueue side.
 mod bad_input;
 mod enqueue_api;
+mod enqueue_no_wait;
+mod enqueue_options;
 mod migrations;
 mod ungrouped;
 

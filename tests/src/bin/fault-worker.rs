@@ -1,5 +1,5 @@
 //! `fault-worker`: one runner process of the fault-injection suite
-//! (`tests/faults.rs`), which kills, freezes and disconnects it.
+//! (`tests/faults/`), which kills, freezes and disconnects it.
 //!
 //! Environment:
 //! * `DATABASE_URL`: the (migrated) database, with a `fault_log` table;
@@ -37,7 +37,7 @@ use pgfifo_tests::faults::runs::{Line, Mode, RunKey};
 use pgfifo_tests::records::now_ns;
 use serde::{Deserialize, Serialize};
 
-/// The suite's main job. `tests/faults.rs` declares the same type (same name,
+/// The suite's main job. `tests/faults/` declares the same type (same name,
 /// queue and fields) to enqueue it.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
@@ -339,7 +339,7 @@ async fn run() -> Result<(), String> {
     let url = format!("{url}{sep}application_name={app}");
     // Room for every lane of the runner (`concurrency` plus up to as many
     // prefetch lanes), its LISTEN and bookkeeping connections, and a spare:
-    // the suite tests faults, not a starved pool (tests/faults.rs has a test
+    // the suite tests faults, not a starved pool (tests/faults/ has a test
     // of its own for that).
     let pool_size = match std::env::var("POOL_SIZE") {
         Ok(n) => n.parse().map_err(|e| format!("POOL_SIZE={n:?}: {e}"))?,
