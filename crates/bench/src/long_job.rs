@@ -46,6 +46,8 @@ use crate::common::{self, round3, BenchJob, Inputs};
 use crate::progress;
 
 const DATABASE: &str = "pgfifo_bench_long_job";
+/// The long job's own database with `HOLD_ELSEWHERE=1`.
+const HOLD_DATABASE: &str = "pgfifo_bench_long_job_hold";
 /// Jobs per `enqueue_batch` call.
 const BATCH: u64 = 5_000;
 /// Samples of the finished count per window (for the throughput series).
@@ -116,6 +118,8 @@ struct Load {
     groups: u64,
     workers: u64,
     window: Duration,
+    /// Run the long job in a database of its own (`HOLD_ELSEWHERE=1`).
+    elsewhere: bool,
 }
 
 pub async fn run(inputs: &Inputs) -> Result<Value, String> {
@@ -124,6 +128,7 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         groups: inputs.number("NGROUPS", 200)?.max(1),
         workers: inputs.number("WORKERS", 16)?.max(1),
         window: Duration::from_secs(inputs.number("HOLD", 60)?.max(1)),
+        elsewhere: inputs.number("HOLD_ELSEWHERE", 0)? != 0,
     };
     let server = inputs.database_url();
     common::set_work_ms(0);
@@ -136,6 +141,9 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
     );
     let with = phase(&server, load, true).await?;
     common::drop_database(&server, DATABASE).await?;
+    if load.elsewhere {
+        common::drop_database(&server, HOLD_DATABASE).await?;
+    }
 
     let rate = |v: &Value| v["throughput"].as_f64().unwrap_or(0.0);
     let ratio = if rate(&without) > 0.0 {
@@ -156,6 +164,7 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         "groups": load.groups,
         "workers": load.workers,
         "hold_secs": load.window.as_secs(),
+        "hold_database": if load.elsewhere { "separate" } else { "same" },
         "hold_measured_secs": with["hold_measured_secs"],
         "throughput_without": without["throughput"],
         "throughput_with": with["throughput"],
@@ -182,9 +191,16 @@ async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
         enqueued.store(load.jobs, Ordering::Relaxed);
     }
 
-    // The hold queue has its own runner in both phases (idle in the plain one).
+    // The hold queue has its own runner in both phases (idle in the plain one),
+    // on the same database or, with HOLD_ELSEWHERE=1, on a second database of
+    // the same server (PostgreSQL keeps a horizon per database).
+    let hold_pool = if load.elsewhere {
+        common::fresh_database(server, HOLD_DATABASE, 4).await?.0
+    } else {
+        pool.clone()
+    };
     let hold_runner = pgfifo::runner::start(
-        pool.clone(),
+        hold_pool.clone(),
         RunnerConfig::default()
             .queues([HoldJob::QUEUE])
             .concurrency(1),
@@ -193,7 +209,7 @@ async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
     .map_err(|e| e.to_string())?;
     let mut hold_xid = false;
     if hold {
-        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        let mut conn = hold_pool.get().await.map_err(|e| e.to_string())?;
         let max_ms = (load.window.as_millis() as u64).saturating_mul(2) + 300_000;
         HoldJob { max_ms }
             .enqueue(&mut conn, "hold")
