@@ -204,8 +204,8 @@ impl JobError {
         }
     }
 
-    /// A failure to retry after `delay` instead of the computed backoff. The
-    /// attempt still counts towards `max_attempts`.
+    /// A failure to retry after `delay` (at most a year) instead of the
+    /// computed backoff. The attempt still counts towards `max_attempts`.
     pub fn retry_after(
         delay: Duration,
         err: impl Into<Box<dyn StdError + Send + Sync + 'static>>,

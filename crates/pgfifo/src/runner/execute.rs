@@ -19,6 +19,9 @@ use crate::db::sql::{self, Outcome, PickedJob};
 use crate::job::{FailureKind, JobContext};
 use crate::registry::{Registration, RunFailure};
 
+/// The longest delay `JobError::retry_after` may ask for (a year): longer
+/// ones are cut to it rather than overflow the database's interval type.
+const LONGEST_RETRY_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
 /// How long a prefetched job may wait for a free slot before it is handed
 /// back. Long enough to cover the normal wait for a handler to finish, short
 /// enough that a group does not sit locked behind a long job.
@@ -222,7 +225,11 @@ pub(super) async fn execute(
     let (outcome, delay) = match failure.kind {
         FailureKind::Retry { after } if attempt < job.max_attempts => (
             Outcome::Retry,
-            Some(after.unwrap_or_else(|| backoff(shared, registration, attempt))),
+            Some(
+                after
+                    .map(|delay| delay.min(LONGEST_RETRY_DELAY))
+                    .unwrap_or_else(|| backoff(shared, registration, attempt)),
+            ),
         ),
         FailureKind::Cancel => (Outcome::Cancelled, None),
         _ => (Outcome::Failed, None),
