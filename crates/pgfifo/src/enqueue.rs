@@ -211,38 +211,32 @@ pub async fn enqueue_batch(
 }
 
 pub(crate) fn validate_queue(queue: &str) -> Result<()> {
-    name_problem(queue, MAX_QUEUE_LEN)
-        .map(|reason| {
-            Err(Error::InvalidQueue {
-                name: queue.to_owned(),
-                reason,
-            })
-        })
-        .unwrap_or(Ok(()))
+    match name_problem(queue, MAX_QUEUE_LEN) {
+        Some(reason) => Err(Error::InvalidQueue {
+            name: truncated(queue),
+            reason,
+        }),
+        None => Ok(()),
+    }
 }
 
 pub(crate) fn validate_group(group: &str) -> Result<()> {
-    name_problem(group, MAX_GROUP_LEN)
-        .map(|reason| {
-            Err(Error::InvalidGroup {
-                name: truncated(group),
-                reason,
-            })
-        })
-        .unwrap_or(Ok(()))
+    match name_problem(group, MAX_GROUP_LEN) {
+        Some(reason) => Err(Error::InvalidGroup {
+            name: truncated(group),
+            reason,
+        }),
+        None => Ok(()),
+    }
 }
 
-fn name_problem(name: &str, max: usize) -> Option<&'static str> {
+fn name_problem(name: &str, max: usize) -> Option<String> {
     if name.is_empty() {
-        Some("it is empty")
+        Some("it is empty".to_owned())
     } else if name.len() > max {
-        Some(if max == MAX_QUEUE_LEN {
-            "it is longer than 128 bytes"
-        } else {
-            "it is longer than 256 bytes"
-        })
+        Some(format!("it is longer than {max} bytes"))
     } else if name.contains('\0') {
-        Some("it contains a NUL character")
+        Some("it contains a NUL character".to_owned())
     } else {
         None
     }

@@ -18,7 +18,7 @@ pub enum Error {
         /// The rejected name.
         name: String,
         /// Why it was rejected.
-        reason: &'static str,
+        reason: String,
     },
     /// A group name is empty or longer than [`MAX_GROUP_LEN`](crate::MAX_GROUP_LEN) bytes.
     #[error("invalid group name {name:?}: {reason}")]
@@ -26,7 +26,7 @@ pub enum Error {
         /// The rejected name.
         name: String,
         /// Why it was rejected.
-        reason: &'static str,
+        reason: String,
     },
     /// An enqueue option is out of range (for example `max_attempts = 0`).
     #[error("invalid enqueue option: {0}")]
