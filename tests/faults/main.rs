@@ -36,12 +36,14 @@
 //! group is released and which settings govern it.
 
 // The suite's parts.
+mod checks;
 mod freeze;
 mod jobs;
 mod monitor;
 mod plan;
 mod prefetch_cut;
 mod processes;
+mod report;
 mod run;
 mod suite;
 

@@ -159,14 +159,10 @@ async fn atomic_completion_writes_commit_with_success() {
     db.exec(ATOM_ROWS).await;
     let tag = db.name.clone();
     let gate = gate(&tag);
-    let mut conn = db.conn().await;
-    let held = job(&tag, "hold").enqueue(&mut conn, "a").await.unwrap();
-    let plain = job(&tag, "ok").enqueue(&mut conn, "b").await.unwrap();
-    drop(conn);
+    let held = db.enqueue(job(&tag, "hold"), "a").await;
+    let plain = db.enqueue(job(&tag, "ok"), "b").await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     tokio::time::timeout(LIMIT, gate.started.acquire())
         .await
         .expect("the handler did not start")
@@ -190,12 +186,7 @@ async fn atomic_completion_writes_commit_with_success() {
     );
     gate.release.add_permits(1);
 
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        2,
-        LIMIT,
-    )
-    .await;
+    db.wait_succeeded(2, LIMIT).await;
     runner.shutdown().await.unwrap();
     assert_eq!(rows_of(&db, held).await.as_deref(), Some("1:hold"));
     assert_eq!(rows_of(&db, plain).await.as_deref(), Some("1:ok"));
@@ -211,24 +202,11 @@ async fn atomic_completion_handler_error_rolls_back_writes_but_records_failure()
     let db = TestDb::new().await;
     db.exec(ATOM_ROWS).await;
     let tag = db.name.clone();
-    let mut conn = db.conn().await;
-    let retried = job(&tag, "err_first")
-        .enqueue(&mut conn, "a")
-        .await
-        .unwrap();
-    let permanent = job(&tag, "err_permanent")
-        .enqueue(&mut conn, "b")
-        .await
-        .unwrap();
-    let sql_error = job(&tag, "sql_error")
-        .enqueue(&mut conn, "c")
-        .await
-        .unwrap();
-    drop(conn);
+    let retried = db.enqueue(job(&tag, "err_first"), "a").await;
+    let permanent = db.enqueue(job(&tag, "err_permanent"), "b").await;
+    let sql_error = db.enqueue(job(&tag, "sql_error"), "c").await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(3)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
         3,
@@ -246,11 +224,7 @@ async fn atomic_completion_handler_error_rolls_back_writes_but_records_failure()
         Some("succeeded 2 refused on attempt 1")
     );
     assert_eq!(
-        db.text(&format!(
-            "SELECT error FROM pgfifo.job_attempt WHERE job_id = {retried} AND attempt = 1"
-        ))
-        .await
-        .as_deref(),
+        db.attempt_error(retried, 1).await.as_deref(),
         Some("refused on attempt 1")
     );
     // Failed for good: nothing written, the failure is recorded.
@@ -264,20 +238,8 @@ async fn atomic_completion_handler_error_rolls_back_writes_but_records_failure()
     // An SQL error aborted the transaction on the server: the writes are
     // gone, and the failure is still recorded, attempt after attempt.
     assert_eq!(rows_of(&db, sql_error).await, None);
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {sql_error}"
-        ))
-        .await
-        .as_deref(),
-        Some("failed 2")
-    );
-    let error = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {sql_error}"
-        ))
-        .await
-        .unwrap();
+    assert_eq!(db.job_state(sql_error).await, "failed 2");
+    let error = db.last_error(sql_error).await.unwrap();
     assert!(error.contains("division by zero"), "{error}");
     assert_eq!(
         db.scalar(&format!(
@@ -294,14 +256,10 @@ async fn atomic_completion_panic_rolls_back_and_runner_keeps_running() {
     db.exec(ATOM_ROWS).await;
     let tag = db.name.clone();
     // One worker: the one that caught the panic must run the later jobs.
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(1)).await;
     let mut events = runner.subscribe();
-    let mut conn = db.conn().await;
-    let panicky = job(&tag, "panic").enqueue(&mut conn, "p").await.unwrap();
-    let after = job(&tag, "ok").enqueue(&mut conn, "p").await.unwrap();
-    drop(conn);
+    let panicky = db.enqueue(job(&tag, "panic"), "p").await;
+    let after = db.enqueue(job(&tag, "ok"), "p").await;
 
     let failed = tokio::time::timeout(LIMIT, async {
         loop {
@@ -315,9 +273,7 @@ async fn atomic_completion_panic_rolls_back_and_runner_keeps_running() {
     .expect("no failure event for the panicking job");
     assert_eq!(failed.attempt, 2);
     // Enqueued after the panics: the runner still picks new work.
-    let mut conn = db.conn().await;
-    let later = job(&tag, "ok").enqueue(&mut conn, "q").await.unwrap();
-    drop(conn);
+    let later = db.enqueue(job(&tag, "ok"), "q").await;
     db.wait_for(
         &format!("SELECT count(*) FROM pgfifo.job WHERE id IN ({after}, {later}) AND state = 'succeeded'"),
         2,
@@ -331,20 +287,8 @@ async fn atomic_completion_panic_rolls_back_and_runner_keeps_running() {
         None,
         "a panicking handler's writes must be rolled back"
     );
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {panicky}"
-        ))
-        .await
-        .as_deref(),
-        Some("failed 2")
-    );
-    let error = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {panicky}"
-        ))
-        .await
-        .unwrap();
+    assert_eq!(db.job_state(panicky).await, "failed 2");
+    let error = db.last_error(panicky).await.unwrap();
     assert!(
         error.contains("panicked") && error.contains("handler blew up on attempt 2"),
         "{error}"
@@ -365,13 +309,9 @@ async fn atomic_completion_nested_transactions_are_savepoints() {
     let db = TestDb::new().await;
     db.exec(ATOM_ROWS).await;
     let tag = db.name.clone();
-    let mut conn = db.conn().await;
-    let nested = job(&tag, "nested").enqueue(&mut conn, "n").await.unwrap();
-    drop(conn);
+    let nested = db.enqueue(job(&tag, "nested"), "n").await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(1)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
         1,
@@ -381,17 +321,10 @@ async fn atomic_completion_nested_transactions_are_savepoints() {
     runner.shutdown().await.unwrap();
 
     assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {nested}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 1"),
+        db.job_state(nested).await,
+        "succeeded 1",
         "last_error: {:?}",
-        db.text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {nested}"
-        ))
-        .await
+        db.last_error(nested).await
     );
     assert_eq!(
         rows_of(&db, nested).await.as_deref(),
@@ -405,18 +338,11 @@ async fn atomic_completion_set_result_stores_result() {
     let db = TestDb::new().await;
     db.exec(ATOM_ROWS).await;
     let tag = db.name.clone();
-    let mut conn = db.conn().await;
-    let ok = job(&tag, "result").enqueue(&mut conn, "r1").await.unwrap();
-    let failing = job(&tag, "result_then_fail")
-        .enqueue(&mut conn, "r2")
-        .await
-        .unwrap();
-    let none = job(&tag, "ok").enqueue(&mut conn, "r3").await.unwrap();
-    drop(conn);
+    let ok = db.enqueue(job(&tag, "result"), "r1").await;
+    let failing = db.enqueue(job(&tag, "result_then_fail"), "r2").await;
+    let none = db.enqueue(job(&tag, "ok"), "r3").await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
         3,

@@ -43,28 +43,19 @@ impl Handler for ContentionCrossJob {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_enqueueing_into_each_others_groups_do_not_deadlock() {
     let db = TestDb::new().await;
-    let mut conn = db.conn().await;
     for (group, into) in [("g1", "g2"), ("g2", "g1")] {
-        ContentionCrossJob {
-            into: Some(into.into()),
-        }
-        .enqueue(&mut conn, group)
-        .await
-        .unwrap();
+        db.enqueue(
+            ContentionCrossJob {
+                into: Some(into.into()),
+            },
+            group,
+        )
+        .await;
     }
-    drop(conn);
-    let runner = pgfifo::runner::start(
-        db.pool.clone(),
-        test_config().queues(["contention"]).concurrency(2),
-    )
-    .await
-    .unwrap();
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        4,
-        Duration::from_secs(20),
-    )
-    .await;
+    let runner = db
+        .start_runner(test_config().queues(["contention"]).concurrency(2))
+        .await;
+    db.wait_succeeded(4, Duration::from_secs(20)).await;
     runner.shutdown().await.unwrap();
     assert_eq!(
         db.scalar("SELECT count(*) FROM pgfifo.job_attempt").await,
@@ -94,25 +85,13 @@ impl Handler for ContentionHoldJob {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_enqueue_transaction_holds_up_neither_completion_nor_other_enqueues() {
     let db = TestDb::new().await;
-    let mut conn = db.conn().await;
-    let running = ContentionHoldJob { ms: 300 }
-        .enqueue(&mut conn, "g")
-        .await
-        .unwrap();
-    drop(conn);
-    let runner = pgfifo::runner::start(
-        db.pool.clone(),
-        test_config().queues(["contention_hold"]).concurrency(1),
-    )
-    .await
-    .unwrap();
+    let running = db.enqueue(ContentionHoldJob { ms: 300 }, "g").await;
+    let runner = db
+        .start_runner(test_config().queues(["contention_hold"]).concurrency(1))
+        .await;
     let mut events = runner.subscribe();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {running}"),
-        1,
-        Duration::from_secs(10),
-    )
-    .await;
+    db.wait_attempt_rows(running, 1, Duration::from_secs(10))
+        .await;
 
     // The application's transaction: enqueue into the running group, stay open.
     let mut app = db.direct().await;

@@ -153,37 +153,31 @@ async fn try_lock_now(db: &TestDb, sql: &str) -> Result<(), String> {
 async fn crash_releases_locks_and_job_runs_again_without_group_overlap() {
     let db = TestDb::new().await;
     db.exec(CRASH_LOG).await;
-    let mut conn = db.conn().await;
-    let crasher = CrashSelfKillJob {
-        seq: 0,
-        kill_attempts: 1,
-    }
-    .enqueue(&mut conn, "crash")
-    .await
-    .unwrap();
+    let crasher = db
+        .enqueue(
+            CrashSelfKillJob {
+                seq: 0,
+                kill_attempts: 1,
+            },
+            "crash",
+        )
+        .await;
     let mut rest = Vec::new();
     for seq in 1..5 {
         rest.push(
-            CrashSelfKillJob {
-                seq,
-                kill_attempts: 0,
-            }
-            .enqueue(&mut conn, "crash")
-            .await
-            .unwrap(),
+            db.enqueue(
+                CrashSelfKillJob {
+                    seq,
+                    kill_attempts: 0,
+                },
+                "crash",
+            )
+            .await,
         );
     }
-    drop(conn);
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        5,
-        LIMIT,
-    )
-    .await;
+    let runner = db.start_runner(test_config().concurrency(3)).await;
+    db.wait_succeeded(5, LIMIT).await;
     // The error of the crashed attempt is noted outside its (lost) transaction.
     db.wait_for(
         &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {crasher} AND attempt = 1 AND error IS NOT NULL"),
@@ -194,21 +188,11 @@ async fn crash_releases_locks_and_job_runs_again_without_group_overlap() {
     runner.shutdown().await.unwrap();
 
     assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {crasher}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 2"),
+        db.job_state(crasher).await,
+        "succeeded 2",
         "the crashed job ran again and succeeded on attempt 2"
     );
-    assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {crasher}"
-        ))
-        .await,
-        2
-    );
+    assert_eq!(db.attempt_rows(crasher).await, 2);
     // The crashed run's write died with its transaction.
     assert_eq!(
         db.text(&format!(
@@ -238,58 +222,38 @@ async fn crash_releases_locks_and_job_runs_again_without_group_overlap() {
 async fn attempts_count_across_crashes_until_failed() {
     let db = TestDb::new().await;
     db.exec(CRASH_LOG).await;
-    let mut conn = db.conn().await;
     // Kills its worker on every run; max_attempts = 3.
-    let crasher = CrashSelfKillJob {
-        seq: 0,
-        kill_attempts: u32::MAX,
-    }
-    .enqueue(&mut conn, "doomed")
-    .await
-    .unwrap();
-    let next = CrashSelfKillJob {
-        seq: 1,
-        kill_attempts: 0,
-    }
-    .enqueue(&mut conn, "doomed")
-    .await
-    .unwrap();
-    drop(conn);
+    let crasher = db
+        .enqueue(
+            CrashSelfKillJob {
+                seq: 0,
+                kill_attempts: u32::MAX,
+            },
+            "doomed",
+        )
+        .await;
+    let next = db
+        .enqueue(
+            CrashSelfKillJob {
+                seq: 1,
+                kill_attempts: 0,
+            },
+            "doomed",
+        )
+        .await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {next} AND state = 'succeeded'"),
-        1,
-        LIMIT,
-    )
-    .await;
+    let runner = db.start_runner(test_config().concurrency(3)).await;
+    db.wait_job_succeeded(next, LIMIT).await;
     runner.shutdown().await.unwrap();
 
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {crasher}"
-        ))
-        .await
-        .as_deref(),
-        Some("failed 3")
-    );
-    let reason = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {crasher}"
-        ))
-        .await
-        .unwrap();
+    assert_eq!(db.job_state(crasher).await, "failed 3");
+    let reason = db.last_error(crasher).await.unwrap();
     assert!(
         reason.contains("attempt") && reason.contains("no attempts left"),
         "the reason should say the attempts are used up: {reason}"
     );
     assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {crasher}"
-        ))
-        .await,
+        db.attempt_rows(crasher).await,
         3,
         "exactly max_attempts attempts started"
     );
@@ -309,14 +273,7 @@ async fn attempts_count_across_crashes_until_failed() {
     );
     // The group went on after the dead job, and only then.
     assert_eq!(group_starts_before_finish(&db, crasher).await, 0);
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {next}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 1")
-    );
+    assert_eq!(db.job_state(next).await, "succeeded 1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,41 +282,38 @@ async fn locks_held_for_the_handlers_lifetime() {
     db.exec(CRASH_LOG).await;
     let tag = db.name.clone();
     let gate = gate(&tag);
-    let mut conn = db.conn().await;
-    let held = CrashHoldJob {
-        tag: tag.clone(),
-        seq: 0,
-    }
-    .enqueue(&mut conn, "held")
-    .await
-    .unwrap();
-    let behind = CrashSelfKillJob {
-        seq: 1,
-        kill_attempts: 0,
-    }
-    .enqueue(&mut conn, "held")
-    .await
-    .unwrap();
-    let elsewhere = CrashSelfKillJob {
-        seq: 2,
-        kill_attempts: 0,
-    }
-    .enqueue(&mut conn, "free")
-    .await
-    .unwrap();
-    drop(conn);
+    let held = db
+        .enqueue(
+            CrashHoldJob {
+                tag: tag.clone(),
+                seq: 0,
+            },
+            "held",
+        )
+        .await;
+    let behind = db
+        .enqueue(
+            CrashSelfKillJob {
+                seq: 1,
+                kill_attempts: 0,
+            },
+            "held",
+        )
+        .await;
+    let elsewhere = db
+        .enqueue(
+            CrashSelfKillJob {
+                seq: 2,
+                kill_attempts: 0,
+            },
+            "free",
+        )
+        .await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(3)).await;
     gate.wait_started(1).await;
     // Other groups run meanwhile, so the runner is not just slow.
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {elsewhere} AND state = 'succeeded'"),
-        1,
-        LIMIT,
-    )
-    .await;
+    db.wait_job_succeeded(elsewhere, LIMIT).await;
 
     let group_lock = "SELECT 1 FROM pgfifo.queue_group WHERE queue = 'crashes' AND group_id = 'held' FOR UPDATE NOWAIT";
     let err = try_lock_now(&db, group_lock)
@@ -376,10 +330,7 @@ async fn locks_held_for_the_handlers_lifetime() {
         .await
         .unwrap();
     assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {behind}"
-        ))
-        .await,
+        db.attempt_rows(behind).await,
         0,
         "a job started while its group's head was running"
     );
@@ -392,12 +343,7 @@ async fn locks_held_for_the_handlers_lifetime() {
     );
 
     gate.release.add_permits(1);
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        3,
-        LIMIT,
-    )
-    .await;
+    db.wait_succeeded(3, LIMIT).await;
     runner.shutdown().await.unwrap();
 
     // Completion released both locks.
@@ -419,26 +365,26 @@ async fn killed_connection_releases_locks_and_job_runs_again() {
     db.exec(CRASH_LOG).await;
     let tag = db.name.clone();
     let gate = gate(&tag);
-    let mut conn = db.conn().await;
-    let held = CrashHoldJob {
-        tag: tag.clone(),
-        seq: 0,
-    }
-    .enqueue(&mut conn, "cut")
-    .await
-    .unwrap();
-    let behind = CrashSelfKillJob {
-        seq: 1,
-        kill_attempts: 0,
-    }
-    .enqueue(&mut conn, "cut")
-    .await
-    .unwrap();
-    drop(conn);
+    let held = db
+        .enqueue(
+            CrashHoldJob {
+                tag: tag.clone(),
+                seq: 0,
+            },
+            "cut",
+        )
+        .await;
+    let behind = db
+        .enqueue(
+            CrashSelfKillJob {
+                seq: 1,
+                kill_attempts: 0,
+            },
+            "cut",
+        )
+        .await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(3)).await;
     gate.wait_started(1).await;
     let first_pid = gate.pids.lock().unwrap()[0];
     // The job's connection is cut while its handler runs.
@@ -454,39 +400,18 @@ async fn killed_connection_releases_locks_and_job_runs_again() {
     assert_eq!(pids.len(), 2);
     assert_ne!(pids[0], pids[1]);
     assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {behind}"
-        ))
-        .await,
+        db.attempt_rows(behind).await,
         0,
         "the job behind must wait for the re-run of its head"
     );
 
     // Both runs go on; the first cannot commit on its dead connection.
     gate.release.add_permits(2);
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        2,
-        LIMIT,
-    )
-    .await;
+    db.wait_succeeded(2, LIMIT).await;
     runner.shutdown().await.unwrap();
 
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {held}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 2")
-    );
-    assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {held}"
-        ))
-        .await,
-        2
-    );
+    assert_eq!(db.job_state(held).await, "succeeded 2");
+    assert_eq!(db.attempt_rows(held).await, 2);
     assert_eq!(
         db.text(&format!(
             "SELECT string_agg(attempt::text, ',') FROM crash_log WHERE job_id = {held}"
@@ -515,9 +440,7 @@ async fn locks_held_only_for_the_running_jobs_group() {
 
     // Group "oob" becomes active with head J; the runner is stopped while J
     // runs, so J stays the head, queued.
-    let runner = pgfifo::runner::start(db.pool.clone(), config())
-        .await
-        .unwrap();
+    let runner = db.start_runner(config()).await;
     let mut conn = db.conn().await;
     let head = CrashHoldJob {
         tag: tag.clone(),
@@ -555,22 +478,31 @@ async fn locks_held_only_for_the_running_jobs_group() {
     }
     drop(conn);
 
-    let runner = pgfifo::runner::start(db.pool.clone(), config())
-        .await
-        .unwrap();
+    let runner = db.start_runner(config()).await;
     let mut problems = Vec::new();
     for stop in 1..3 {
         gate.wait_started(1).await;
-        let row = try_lock_now(
-            &db,
-            "SELECT 1 FROM pgfifo.queue_group WHERE queue = 'crashes' AND group_id = 'oob' FOR UPDATE NOWAIT",
-        )
-        .await;
-        let advisory_free = db
-            .scalar(
-                "SELECT pg_try_advisory_xact_lock_shared(1885824614, pgfifo.group_lock_key('crashes', 'oob'))::int",
+        // Another lane may be inside its own short pick transaction (say,
+        // repairing the stale group) at the instant of a probe; only a lock
+        // that stays while the job runs is a problem. Probe for a while.
+        let mut row = Ok(());
+        let mut advisory_free = 0;
+        for _ in 0..20 {
+            row = try_lock_now(
+                &db,
+                "SELECT 1 FROM pgfifo.queue_group WHERE queue = 'crashes' AND group_id = 'oob' FOR UPDATE NOWAIT",
             )
             .await;
+            advisory_free = db
+                .scalar(
+                    "SELECT pg_try_advisory_xact_lock_shared(1885824614, pgfifo.group_lock_key('crashes', 'oob'))::int",
+                )
+                .await;
+            if row.is_ok() && advisory_free == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
         if row.is_err() || advisory_free == 0 {
             // What an application sees: enqueueing into the group waits for
             // the unrelated running job.
@@ -593,12 +525,7 @@ async fn locks_held_only_for_the_running_jobs_group() {
         }
         gate.release.add_permits(1);
     }
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        2,
-        LIMIT,
-    )
-    .await;
+    db.wait_succeeded(2, LIMIT).await;
     runner.shutdown().await.unwrap();
     assert!(
         problems.is_empty(),

@@ -109,13 +109,6 @@ pub(crate) async fn next_event_of(
     }
 }
 
-pub(crate) async fn attempts_of(db: &TestDb, id: JobId) -> i64 {
-    db.scalar(&format!(
-        "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {id}"
-    ))
-    .await
-}
-
 async fn rows_of(db: &TestDb, id: JobId) -> i64 {
     db.scalar(&format!("SELECT count(*) FROM pgfifo.job WHERE id = {id}"))
         .await
@@ -140,8 +133,8 @@ async fn rows_seen_by(conn: &mut AsyncPgConnection, id: JobId) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_enqueue_stores_the_job() {
     let db = setup().await;
-    let mut conn = db.conn().await;
     let payload = job("single");
+    let mut conn = db.conn().await;
     let id = payload.enqueue(&mut conn, "tenant-1").await.unwrap();
     drop(conn);
 
@@ -255,9 +248,7 @@ async fn enqueue_batch_returns_ids_in_input_order() {
     }
 
     // And they run in that order within each group.
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(3)).await;
     db.wait_for(
         "SELECT count(*) FROM enq_api_log",
         groups.len() as i64,
@@ -281,9 +272,7 @@ async fn enqueue_in_a_transaction_runs_only_after_commit() {
     let db = setup().await;
     // One worker: if the uncommitted job were visible, it would be picked
     // before the probe enqueued after it (same priority, older ready time).
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(1)).await;
     let mut events = runner.subscribe();
     let mut other = db.conn().await;
     let mut conn = db.conn().await;
@@ -306,7 +295,7 @@ async fn enqueue_in_a_transaction_runs_only_after_commit() {
             let event = next_event_of(&mut events, probe, Duration::from_secs(10)).await;
             assert_eq!(event.outcome, JobOutcome::Succeeded);
             assert_eq!(
-                attempts_of(&db, id).await,
+                db.attempt_rows(id).await,
                 0,
                 "the runner did not start the uncommitted job"
             );
@@ -333,9 +322,7 @@ async fn enqueue_in_a_transaction_runs_only_after_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_in_a_rolled_back_transaction_vanishes() {
     let db = setup().await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(1)).await;
     let mut events = runner.subscribe();
     let mut other = db.conn().await;
     let mut conn = db.conn().await;
@@ -357,7 +344,7 @@ async fn enqueue_in_a_rolled_back_transaction_vanishes() {
             let event = next_event_of(&mut events, probe, Duration::from_secs(10)).await;
             assert_eq!(event.outcome, JobOutcome::Succeeded);
             assert_eq!(
-                attempts_of(&db, first).await,
+                db.attempt_rows(first).await,
                 0,
                 "the runner did not start the uncommitted job"
             );
@@ -401,7 +388,7 @@ async fn enqueue_in_a_rolled_back_transaction_vanishes() {
     assert_eq!(event.outcome, JobOutcome::Succeeded);
     runner.shutdown().await.unwrap();
     for id in &rolled_back {
-        assert_eq!(attempts_of(&db, *id).await, 0, "job {id} never started");
+        assert_eq!(db.attempt_rows(*id).await, 0, "job {id} never started");
     }
     assert_eq!(
         db.scalar("SELECT count(*) FROM enq_api_log WHERE tag LIKE 'rolled-back%'")

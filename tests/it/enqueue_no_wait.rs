@@ -9,27 +9,21 @@ use pgfifo::runner::JobOutcome;
 use pgfifo::{EnqueueOptions, Job, NewJob};
 use pgfifo_tests::test_config;
 
-use crate::enqueue_api::{attempts_of, gate, gated, job, next_event_of, setup};
+use crate::enqueue_api::{gate, gated, job, next_event_of, setup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_into_a_running_group_does_not_block() {
     let db = setup().await;
     let gate_name = "enq_api_running_group";
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
     let mut conn = db.conn().await;
     let running = gated("running", gate_name)
         .enqueue(&mut conn, "busy")
         .await
         .unwrap();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {running}"),
-        1,
-        Duration::from_secs(10),
-    )
-    .await;
+    db.wait_attempt_rows(running, 1, Duration::from_secs(10))
+        .await;
 
     // The runner holds the group's locks now; enqueueing into it must not wait.
     let started = Instant::now();
@@ -59,8 +53,8 @@ async fn enqueue_into_a_running_group_does_not_block() {
     // The group still runs one job at a time: only the other group moves.
     let event = next_event_of(&mut events, batch[1], Duration::from_secs(10)).await;
     assert_eq!(event.outcome, JobOutcome::Succeeded);
-    assert_eq!(attempts_of(&db, next).await, 0);
-    assert_eq!(attempts_of(&db, batch[0]).await, 0);
+    assert_eq!(db.attempt_rows(next).await, 0);
+    assert_eq!(db.attempt_rows(batch[0]).await, 0);
     assert_eq!(
         db.text(&format!(
             "SELECT state FROM pgfifo.job WHERE id = {running}"

@@ -7,7 +7,7 @@ use pgfifo::runner::JobOutcome;
 use pgfifo::{EnqueueOptions, Job, JobId, NewJob};
 use pgfifo_tests::test_config;
 
-use crate::enqueue_api::{attempts_of, failing, gate, job, next_event_of, setup, EnqApiJob};
+use crate::enqueue_api::{failing, gate, job, next_event_of, setup, EnqApiJob};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unique_key_returns_the_unfinished_job() {
@@ -73,16 +73,10 @@ async fn unique_key_returns_the_unfinished_job() {
     // While the job is running it is still unfinished.
     db.exec(&format!("UPDATE pgfifo.job SET payload = jsonb_set(payload, '{{gate}}', '\"enq_api_unique\"') WHERE id = {first}"))
         .await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {first}"),
-        1,
-        Duration::from_secs(10),
-    )
-    .await;
+    db.wait_attempt_rows(first, 1, Duration::from_secs(10))
+        .await;
     let while_running = tokio::time::timeout(
         Duration::from_secs(5),
         job("dup3").enqueue_with(&mut conn, opts()),
@@ -132,9 +126,7 @@ async fn run_in_delays_the_start_and_holds_the_group() {
         .await
         .unwrap();
     let follower = job("follower").enqueue(&mut conn, "d").await.unwrap();
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
     let probe = job("probe").enqueue(&mut conn, "p").await.unwrap();
     let event = next_event_of(&mut events, probe, Duration::from_secs(10)).await;
@@ -142,12 +134,12 @@ async fn run_in_delays_the_start_and_holds_the_group() {
 
     // The runner is working, the delay has not passed: neither job of group d started.
     assert_eq!(
-        attempts_of(&db, delayed).await,
+        db.attempt_rows(delayed).await,
         0,
         "the delayed job did not start early"
     );
     assert_eq!(
-        attempts_of(&db, follower).await,
+        db.attempt_rows(follower).await,
         0,
         "the follower waits behind the delayed head"
     );
@@ -223,9 +215,7 @@ async fn priority_picks_the_group_not_the_order_inside_it() {
     );
     drop(conn);
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(1)).await;
     db.wait_for(
         "SELECT count(*) FROM enq_api_log",
         4,
@@ -267,9 +257,7 @@ async fn max_attempts_option_overrides_the_type_default() {
     assert_eq!(db.scalar(&max_of(batch[0])).await, 9);
 
     // The stored value is the one the runner obeys.
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(3)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
         3,
@@ -282,9 +270,9 @@ async fn max_attempts_option_overrides_the_type_default() {
         db.text(&state_of(overridden)).await.as_deref(),
         Some("failed")
     );
-    assert_eq!(attempts_of(&db, overridden).await, 2);
+    assert_eq!(db.attempt_rows(overridden).await, 2);
     assert_eq!(db.text(&state_of(default)).await.as_deref(), Some("failed"));
-    assert_eq!(attempts_of(&db, default).await, 4);
+    assert_eq!(db.attempt_rows(default).await, 4);
     assert_eq!(
         db.text(&state_of(batch[0])).await.as_deref(),
         Some("succeeded")

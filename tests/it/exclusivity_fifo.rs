@@ -128,9 +128,7 @@ async fn group_exclusivity_20_groups_25_jobs_concurrency_8() {
     drop(conn);
     assert_eq!(ids.len(), 500);
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(8))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(8)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
         500,
@@ -288,9 +286,7 @@ async fn fifo_within_group_for_single_and_batched_enqueues() {
 
     // The rest is enqueued while a runner drains, so groups go idle and busy
     // again between enqueues (both ways a new job becomes a group's head).
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(4))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(4)).await;
     // 2. One by one, alternating groups.
     for seq in 3..8 {
         for g in 0..GROUPS {
@@ -379,9 +375,7 @@ async fn fifo_within_group_for_single_and_batched_enqueues() {
 async fn enqueue_multi_group_batches_while_running_never_deadlocks() {
     let db = TestDb::new().await;
     db.exec(LOG_TABLE).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(6))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(6)).await;
     let mut conn = db.conn().await;
     let started = std::time::Instant::now();
     let mut total = 0;

@@ -54,10 +54,7 @@ impl Handler for MisuseJob {
 }
 
 async fn run_one(db: &TestDb, misuse: Misuse) -> i64 {
-    let mut conn = db.conn().await;
-    let id = MisuseJob { misuse }.enqueue(&mut conn, "g").await.unwrap();
-    drop(conn);
-    id
+    db.enqueue(MisuseJob { misuse }, "g").await
 }
 
 /// A handler that ignores a database error and returns `Ok` cannot succeed:
@@ -67,9 +64,7 @@ async fn run_one(db: &TestDb, misuse: Misuse) -> i64 {
 async fn a_swallowed_database_error_fails_the_attempt_with_its_error() {
     let db = TestDb::new().await;
     let id = run_one(&db, Misuse::SwallowError).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().queues(["misuse"]))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().queues(["misuse"])).await;
     db.wait_for(
         &format!("SELECT count(*) FROM pgfifo.job WHERE id = {id} AND state = 'failed'"),
         1,
@@ -77,12 +72,7 @@ async fn a_swallowed_database_error_fails_the_attempt_with_its_error() {
     )
     .await;
     runner.shutdown().await.unwrap();
-    let error = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {id}"
-        ))
-        .await
-        .unwrap();
+    let error = db.last_error(id).await.unwrap();
     assert!(
         error.contains("transaction failed when its success was written"),
         "{error}"
@@ -106,9 +96,7 @@ async fn a_deferred_constraint_violation_fails_the_attempt() {
     )
     .await;
     let id = run_one(&db, Misuse::DeferredViolation).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().queues(["misuse"]))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().queues(["misuse"])).await;
     db.wait_for(
         &format!("SELECT count(*) FROM pgfifo.job WHERE id = {id} AND state = 'failed'"),
         1,
@@ -116,12 +104,7 @@ async fn a_deferred_constraint_violation_fails_the_attempt() {
     )
     .await;
     runner.shutdown().await.unwrap();
-    let error = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {id}"
-        ))
-        .await
-        .unwrap();
+    let error = db.last_error(id).await.unwrap();
     assert!(error.contains("foreign key"), "{error}");
     assert_eq!(
         db.scalar("SELECT count(*) FROM misuse_child").await,
@@ -138,26 +121,14 @@ async fn a_deferred_constraint_violation_fails_the_attempt() {
 async fn a_handler_commit_does_not_complete_the_job_without_its_locks() {
     let db = TestDb::new().await;
     let id = run_one(&db, Misuse::Commit).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().queues(["misuse"]))
-        .await
-        .unwrap();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {id} AND state = 'succeeded'"),
-        1,
-        Duration::from_secs(10),
-    )
-    .await;
+    let runner = db.start_runner(test_config().queues(["misuse"])).await;
+    db.wait_job_succeeded(id, Duration::from_secs(10)).await;
     runner.shutdown().await.unwrap();
     assert_eq!(
         db.scalar(&format!("SELECT attempts FROM pgfifo.job WHERE id = {id}"))
             .await,
         2
     );
-    let noted = db
-        .text(&format!(
-            "SELECT error FROM pgfifo.job_attempt WHERE job_id = {id} AND attempt = 1"
-        ))
-        .await
-        .unwrap_or_default();
+    let noted = db.attempt_error(id, 1).await.unwrap_or_default();
     assert!(noted.contains("did the handler COMMIT"), "{noted}");
 }

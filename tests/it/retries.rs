@@ -144,9 +144,7 @@ async fn group_starts_before_finish(db: &TestDb, id: i64) -> i64 {
 async fn strict_head_of_line_retried_head_blocks_its_group_until_success() {
     let db = TestDb::new().await;
     db.exec(RETRY_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(4))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(4)).await;
     let mut events = runner.subscribe();
     // The head fails twice, then succeeds; three jobs wait behind it. One
     // batch, so they are all queued before the head first runs.
@@ -192,29 +190,13 @@ async fn strict_head_of_line_retried_head_blocks_its_group_until_success() {
         0,
         "a later job of the group started while its head waited for a retry"
     );
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        4,
-        LIMIT,
-    )
-    .await;
+    db.wait_succeeded(4, LIMIT).await;
     runner.shutdown().await.unwrap();
 
     // The head: three attempts, the first two failed, kept succeeded.
+    assert_eq!(db.job_state(head).await, "succeeded 3");
     assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {head}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 3")
-    );
-    assert_eq!(
-        db.text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {head}"
-        ))
-        .await
-        .as_deref(),
+        db.last_error(head).await.as_deref(),
         Some("flaky failure on attempt 2")
     );
     assert_eq!(
@@ -261,45 +243,21 @@ async fn strict_head_of_line_retried_head_blocks_its_group_until_success() {
 async fn strict_head_of_line_exhausted_attempts_fail_then_group_proceeds() {
     let db = TestDb::new().await;
     db.exec(RETRY_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(3)).await;
     let mut events = runner.subscribe();
-    let mut conn = db.conn().await;
-    let head = outcome(0, "always_retry")
-        .enqueue(&mut conn, "dead")
-        .await
-        .unwrap();
-    let next = outcome(1, "ok").enqueue(&mut conn, "dead").await.unwrap();
-    drop(conn);
+    let head = db.enqueue(outcome(0, "always_retry"), "dead").await;
+    let next = db.enqueue(outcome(1, "ok"), "dead").await;
 
     let failed = wait_event(&mut events, head, |o| {
         matches!(o, JobOutcome::Failed { .. })
     })
     .await;
     assert_eq!(failed.attempt, 3);
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {next} AND state = 'succeeded'"),
-        1,
-        LIMIT,
-    )
-    .await;
+    db.wait_job_succeeded(next, LIMIT).await;
     runner.shutdown().await.unwrap();
 
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {head}"
-        ))
-        .await
-        .as_deref(),
-        Some("failed 3")
-    );
-    let last_error = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {head}"
-        ))
-        .await
-        .unwrap();
+    assert_eq!(db.job_state(head).await, "failed 3");
+    let last_error = db.last_error(head).await.unwrap();
     assert!(
         last_error.contains("always fails (attempt 3)"),
         "{last_error}"
@@ -341,22 +299,12 @@ async fn strict_head_of_line_exhausted_attempts_fail_then_group_proceeds() {
 async fn permanent_error_fails_at_once_and_cancel_cancels() {
     let db = TestDb::new().await;
     db.exec(RETRY_LOG).await;
-    let mut conn = db.conn().await;
-    let permanent = outcome(0, "permanent")
-        .enqueue(&mut conn, "perm")
-        .await
-        .unwrap();
-    let after_permanent = outcome(1, "ok").enqueue(&mut conn, "perm").await.unwrap();
-    let cancel = outcome(0, "cancel")
-        .enqueue(&mut conn, "cancel")
-        .await
-        .unwrap();
-    let after_cancel = outcome(1, "ok").enqueue(&mut conn, "cancel").await.unwrap();
-    drop(conn);
+    let permanent = db.enqueue(outcome(0, "permanent"), "perm").await;
+    let after_permanent = db.enqueue(outcome(1, "ok"), "perm").await;
+    let cancel = db.enqueue(outcome(0, "cancel"), "cancel").await;
+    let after_cancel = db.enqueue(outcome(1, "ok"), "cancel").await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     db.wait_for(
         &format!("SELECT count(*) FROM pgfifo.job WHERE id IN ({after_permanent}, {after_cancel}) AND state = 'succeeded'"),
         2,
@@ -372,10 +320,7 @@ async fn permanent_error_fails_at_once_and_cancel_cancels() {
         Some("failed 1 a permanent problem")
     );
     assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {permanent}"
-        ))
-        .await,
+        db.attempt_rows(permanent).await,
         1,
         "a permanent error is not retried"
     );
@@ -385,13 +330,7 @@ async fn permanent_error_fails_at_once_and_cancel_cancels() {
             .as_deref(),
         Some("cancelled 1 no longer wanted")
     );
-    assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {cancel}"
-        ))
-        .await,
-        1
-    );
+    assert_eq!(db.attempt_rows(cancel).await, 1);
     assert_eq!(
         db.scalar(&format!(
             "SELECT count(*) FROM retry_log WHERE job_id IN ({permanent}, {cancel})"
@@ -408,17 +347,10 @@ async fn permanent_error_fails_at_once_and_cancel_cancels() {
 async fn permanent_and_cancel_events_report_the_outcome() {
     let db = TestDb::new().await;
     db.exec(RETRY_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
-    let mut conn = db.conn().await;
-    let permanent = outcome(0, "permanent")
-        .enqueue(&mut conn, "ev")
-        .await
-        .unwrap();
-    let cancel = outcome(1, "cancel").enqueue(&mut conn, "ev").await.unwrap();
-    drop(conn);
+    let permanent = db.enqueue(outcome(0, "permanent"), "ev").await;
+    let cancel = db.enqueue(outcome(1, "cancel"), "ev").await;
     let event = wait_event(&mut events, permanent, |_| true).await;
     assert_eq!(
         event.outcome,
@@ -441,19 +373,15 @@ async fn permanent_and_cancel_events_report_the_outcome() {
 async fn retry_after_delay_is_honoured() {
     let db = TestDb::new().await;
     db.exec(RETRY_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
-    let mut conn = db.conn().await;
     // The type's backoff is 10 ms; the handler asks for 700 ms.
     let job = RetryOutcomeJob {
         seq: 0,
         behavior: "retry_after".into(),
         retry_after_ms: 700,
     };
-    let id = job.enqueue(&mut conn, "later").await.unwrap();
-    drop(conn);
+    let id = db.enqueue(job, "later").await;
 
     let retry = wait_event(&mut events, id, |o| {
         matches!(o, JobOutcome::Retrying { .. })
@@ -471,23 +399,14 @@ async fn retry_after_delay_is_honoured() {
         gap >= 695,
         "the retry started {gap} ms after the failure, before the 700 ms asked for"
     );
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {id}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 2")
-    );
+    assert_eq!(db.job_state(id).await, "succeeded 2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_head_of_line_waiting_retry_blocks_only_its_group() {
     let db = TestDb::new().await;
     db.exec(RETRY_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(3))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(3)).await;
     let mut events = runner.subscribe();
     let mut conn = db.conn().await;
     // The head of "slow" asks to be retried in a minute.
@@ -552,10 +471,7 @@ async fn strict_head_of_line_waiting_retry_blocks_only_its_group() {
         "the retried job stays the head of its group until its time"
     );
     assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {blocked}"
-        ))
-        .await,
+        db.attempt_rows(blocked).await,
         0,
         "the job behind a waiting retry must not start"
     );

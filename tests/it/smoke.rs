@@ -29,15 +29,8 @@ async fn jobs_run_once_each_in_group_order() {
         "ids follow input order"
     );
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(4))
-        .await
-        .unwrap();
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        90,
-        Duration::from_secs(30),
-    )
-    .await;
+    let runner = db.start_runner(test_config().concurrency(4)).await;
+    db.wait_succeeded(90, Duration::from_secs(30)).await;
     runner.shutdown().await.unwrap();
 
     assert_eq!(db.scalar("SELECT count(*) FROM test_log").await, 90);

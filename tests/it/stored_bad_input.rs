@@ -66,9 +66,7 @@ fn valid(n: i64) -> StoredBadInputJob {
 async fn stored_unknown_job_type_fails_and_runner_keeps_running() {
     let db = TestDb::new().await;
     db.exec(SBI_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(1)).await;
     let mut events = runner.subscribe();
     let queue = StoredBadInputJob::QUEUE;
     let unknown = store_raw(
@@ -79,44 +77,21 @@ async fn stored_unknown_job_type_fails_and_runner_keeps_running() {
         r#"{"n": 1}"#,
     )
     .await;
-    let mut conn = db.conn().await;
-    let after = valid(2).enqueue(&mut conn, "g").await.unwrap();
-    drop(conn);
+    let after = db.enqueue(valid(2), "g").await;
 
     // One worker: the one that met the bad job must go on to the next.
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {after} AND state = 'succeeded'"),
-        1,
-        LIMIT,
-    )
-    .await;
+    db.wait_job_succeeded(after, LIMIT).await;
     // And a job enqueued afterwards runs too.
-    let mut conn = db.conn().await;
-    let later = valid(3).enqueue(&mut conn, "g").await.unwrap();
-    drop(conn);
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {later} AND state = 'succeeded'"),
-        1,
-        LIMIT,
-    )
-    .await;
+    let later = db.enqueue(valid(3), "g").await;
+    db.wait_job_succeeded(later, LIMIT).await;
     runner.shutdown().await.unwrap();
 
     assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {unknown}"
-        ))
-        .await
-        .as_deref(),
-        Some("failed 1"),
+        db.job_state(unknown).await,
+        "failed 1",
         "an unknown type fails at once, without retries"
     );
-    let reason = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {unknown}"
-        ))
-        .await
-        .unwrap();
+    let reason = db.last_error(unknown).await.unwrap();
     assert!(
         reason.contains("unknown job type") && reason.contains("stored_bad_input.NoSuchType"),
         "the reason should name the unknown type: {reason}"
@@ -159,10 +134,8 @@ async fn stored_payload_that_does_not_deserialize_fails_and_runner_keeps_running
     let not_an_object = store_raw(&db, queue, "h", kind, "[1, 2, 3]").await;
     let null = store_raw(&db, queue, "h", kind, "null").await;
     // Valid jobs behind the broken ones, in the same groups.
-    let mut conn = db.conn().await;
-    let after_g = valid(10).enqueue(&mut conn, "g").await.unwrap();
-    let after_h = valid(20).enqueue(&mut conn, "h").await.unwrap();
-    drop(conn);
+    let after_g = db.enqueue(valid(10), "g").await;
+    let after_h = db.enqueue(valid(20), "h").await;
     // A stored job with a valid payload (extra fields ignored) runs.
     let extra = store_raw(
         &db,
@@ -173,9 +146,7 @@ async fn stored_payload_that_does_not_deserialize_fails_and_runner_keeps_running
     )
     .await;
 
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(1))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(1)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
         7,
@@ -191,20 +162,11 @@ async fn stored_payload_that_does_not_deserialize_fails_and_runner_keeps_running
         (null, "invalid type"),
     ] {
         assert_eq!(
-            db.text(&format!(
-                "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {id}"
-            ))
-            .await
-            .as_deref(),
-            Some("failed 1"),
+            db.job_state(id).await,
+            "failed 1",
             "job {id}: a payload that does not deserialize fails at once"
         );
-        let reason = db
-            .text(&format!(
-                "SELECT last_error FROM pgfifo.job WHERE id = {id}"
-            ))
-            .await
-            .unwrap();
+        let reason = db.last_error(id).await.unwrap();
         assert!(
             reason.contains("payload") && reason.contains("deserialize") && reason.contains(detail),
             "job {id}: the reason should say the payload does not deserialize ({detail}): {reason}"

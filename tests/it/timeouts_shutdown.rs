@@ -164,24 +164,12 @@ fn drain(rx: &mut broadcast::Receiver<JobEvent>) -> Vec<JobEvent> {
 async fn timeout_cancels_handler_counts_attempt_and_retries() {
     let db = TestDb::new().await;
     db.exec(TS_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
-    let mut conn = db.conn().await;
-    let id = TimeoutSleepJob { seq: 0 }
-        .enqueue(&mut conn, "t")
-        .await
-        .unwrap();
-    drop(conn);
+    let id = db.enqueue(TimeoutSleepJob { seq: 0 }, "t").await;
 
     let started = Instant::now();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {id} AND state = 'succeeded'"),
-        1,
-        LIMIT,
-    )
-    .await;
+    db.wait_job_succeeded(id, LIMIT).await;
     assert!(
         started.elapsed() < Duration::from_secs(8),
         "the 10 s sleep was not cut short"
@@ -196,27 +184,10 @@ async fn timeout_cancels_handler_counts_attempt_and_retries() {
         JobOutcome::Retrying { error, .. } => assert!(error.contains("timed out"), "{error}"),
         other => panic!("attempt 1 should be retried after its timeout: {other:?}"),
     }
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {id}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 2")
-    );
-    let last_error = db
-        .text(&format!(
-            "SELECT last_error FROM pgfifo.job WHERE id = {id}"
-        ))
-        .await
-        .unwrap();
+    assert_eq!(db.job_state(id).await, "succeeded 2");
+    let last_error = db.last_error(id).await.unwrap();
     assert!(last_error.contains("timed out"), "{last_error}");
-    let attempt_error = db
-        .text(&format!(
-            "SELECT error FROM pgfifo.job_attempt WHERE job_id = {id} AND attempt = 1"
-        ))
-        .await
-        .unwrap();
+    let attempt_error = db.attempt_error(id, 1).await.unwrap();
     assert!(attempt_error.contains("timed out"), "{attempt_error}");
     let ran_ms = db
         .scalar(&format!(
@@ -243,33 +214,28 @@ async fn timeout_cancels_handler_counts_attempt_and_retries() {
 async fn timeout_cancels_handler_stuck_in_sql_and_group_proceeds() {
     let db = TestDb::new().await;
     db.exec(TS_LOG).await;
-    let mut conn = db.conn().await;
-    let stuck = TimeoutSqlJob {
-        seq: 0,
-        stuck: true,
-    }
-    .enqueue(&mut conn, "sql")
-    .await
-    .unwrap();
-    let next = TimeoutSqlJob {
-        seq: 1,
-        stuck: false,
-    }
-    .enqueue(&mut conn, "sql")
-    .await
-    .unwrap();
-    drop(conn);
+    let stuck = db
+        .enqueue(
+            TimeoutSqlJob {
+                seq: 0,
+                stuck: true,
+            },
+            "sql",
+        )
+        .await;
+    let next = db
+        .enqueue(
+            TimeoutSqlJob {
+                seq: 1,
+                stuck: false,
+            },
+            "sql",
+        )
+        .await;
 
     let started = Instant::now();
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {next} AND state = 'succeeded'"),
-        1,
-        LIMIT,
-    )
-    .await;
+    let runner = db.start_runner(test_config().concurrency(2)).await;
+    db.wait_job_succeeded(next, LIMIT).await;
     let took = started.elapsed();
     runner.shutdown().await.unwrap();
     assert!(
@@ -277,20 +243,8 @@ async fn timeout_cancels_handler_stuck_in_sql_and_group_proceeds() {
         "the group was held {took:?} by a statement past its timeout"
     );
 
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {stuck}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 2")
-    );
-    let attempt_error = db
-        .text(&format!(
-            "SELECT error FROM pgfifo.job_attempt WHERE job_id = {stuck} AND attempt = 1"
-        ))
-        .await
-        .unwrap();
+    assert_eq!(db.job_state(stuck).await, "succeeded 2");
+    let attempt_error = db.attempt_error(stuck, 1).await.unwrap();
     assert!(attempt_error.contains("timed out"), "{attempt_error}");
     // The group went on only after its head was done.
     assert_eq!(
@@ -322,26 +276,13 @@ async fn timeout_cancels_handler_stuck_in_sql_and_group_proceeds() {
 async fn graceful_shutdown_lets_running_job_finish_and_starts_nothing_new() {
     let db = TestDb::new().await;
     db.exec(TS_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
     let tag = db.name.clone();
     let gate = gate(&tag);
-    let mut conn = db.conn().await;
-    let running = slow(&tag, 0, 500, false)
-        .enqueue(&mut conn, "g")
-        .await
-        .unwrap();
-    let waiting_b = slow(&tag, 1, 0, false)
-        .enqueue(&mut conn, "g")
-        .await
-        .unwrap();
-    let waiting_c = slow(&tag, 2, 0, false)
-        .enqueue(&mut conn, "g")
-        .await
-        .unwrap();
-    drop(conn);
+    let running = db.enqueue(slow(&tag, 0, 500, false), "g").await;
+    let waiting_b = db.enqueue(slow(&tag, 1, 0, false), "g").await;
+    let waiting_c = db.enqueue(slow(&tag, 2, 0, false), "g").await;
 
     wait_started(&gate).await;
     let stopping = Instant::now();
@@ -352,14 +293,7 @@ async fn graceful_shutdown_lets_running_job_finish_and_starts_nothing_new() {
     assert!(stopping.elapsed() < Duration::from_secs(10));
 
     // The running job finished normally…
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {running}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 1")
-    );
+    assert_eq!(db.job_state(running).await, "succeeded 1");
     assert_eq!(
         db.scalar(&format!(
             "SELECT count(*) FROM ts_log WHERE job_id = {running}"
@@ -392,9 +326,7 @@ async fn graceful_shutdown_lets_running_job_finish_and_starts_nothing_new() {
     );
 
     // Nothing lost: a new runner runs the rest.
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded' AND attempts = 1",
         3,
@@ -414,32 +346,16 @@ async fn graceful_shutdown_lets_running_job_finish_and_starts_nothing_new() {
 async fn shutdown_deadline_aborts_long_job_without_counting_the_attempt() {
     let db = TestDb::new().await;
     db.exec(TS_LOG).await;
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut events = runner.subscribe();
     let tag = db.name.clone();
     let gate = gate(&tag);
-    let mut conn = db.conn().await;
     // Takes 10 s on its first run, no time on the next.
-    let long = slow(&tag, 0, 10_000, true)
-        .enqueue(&mut conn, "g")
-        .await
-        .unwrap();
-    let behind = slow(&tag, 1, 0, false)
-        .enqueue(&mut conn, "g")
-        .await
-        .unwrap();
-    drop(conn);
+    let long = db.enqueue(slow(&tag, 0, 10_000, true), "g").await;
+    let behind = db.enqueue(slow(&tag, 1, 0, false), "g").await;
 
     wait_started(&gate).await;
-    assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {long}"
-        ))
-        .await,
-        1
-    );
+    assert_eq!(db.attempt_rows(long).await, 1);
     let stopping = Instant::now();
     runner
         .shutdown_within(Duration::from_millis(300))
@@ -489,24 +405,10 @@ async fn shutdown_deadline_aborts_long_job_without_counting_the_attempt() {
     drop(direct);
 
     // A new runner runs it, as attempt 1, then the job behind it.
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        2,
-        LIMIT,
-    )
-    .await;
+    let runner = db.start_runner(test_config().concurrency(2)).await;
+    db.wait_succeeded(2, LIMIT).await;
     runner.shutdown().await.unwrap();
-    assert_eq!(
-        db.text(&format!(
-            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {long}"
-        ))
-        .await
-        .as_deref(),
-        Some("succeeded 1")
-    );
+    assert_eq!(db.job_state(long).await, "succeeded 1");
     assert_eq!(
         db.text(&format!(
             "SELECT string_agg(attempt::text, ',') FROM pgfifo.job_attempt WHERE job_id = {long}"

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::RunQueryDsl;
-use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, JobId, NewJob};
+use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
 use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Barrier, Semaphore};
@@ -89,13 +89,6 @@ async fn setup() -> TestDb {
     db
 }
 
-async fn attempts_of(db: &TestDb, id: JobId) -> i64 {
-    db.scalar(&format!(
-        "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {id}"
-    ))
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ungrouped_jobs_run_in_parallel() {
     let db = setup().await;
@@ -126,9 +119,7 @@ async fn ungrouped_jobs_run_in_parallel() {
 
     // Each job waits until all four are inside their handlers: only possible
     // if they run at the same time.
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(4))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(4)).await;
     db.wait_for(
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued'",
         4,
@@ -167,9 +158,7 @@ async fn ungrouped_jobs_run_in_parallel() {
 async fn ungrouped_job_is_not_blocked_by_a_running_grouped_job() {
     let db = setup().await;
     let gate_name = "ungrouped_vs_grouped";
-    let runner = pgfifo::runner::start(db.pool.clone(), test_config().concurrency(2))
-        .await
-        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
     let mut conn = db.conn().await;
     let grouped = UngroupedJob {
         gate: Some(gate_name.into()),
@@ -179,12 +168,8 @@ async fn ungrouped_job_is_not_blocked_by_a_running_grouped_job() {
     .await
     .unwrap();
     let grouped_next = plain("grouped-2").enqueue(&mut conn, "g").await.unwrap();
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {grouped}"),
-        1,
-        Duration::from_secs(10),
-    )
-    .await;
+    db.wait_attempt_rows(grouped, 1, Duration::from_secs(10))
+        .await;
 
     // Enqueued after both grouped jobs, in the same queue: it runs while the
     // group is busy.
@@ -193,12 +178,8 @@ async fn ungrouped_job_is_not_blocked_by_a_running_grouped_job() {
         .await
         .unwrap();
     drop(conn);
-    db.wait_for(
-        &format!("SELECT count(*) FROM pgfifo.job WHERE id = {ungrouped} AND state = 'succeeded'"),
-        1,
-        Duration::from_secs(10),
-    )
-    .await;
+    db.wait_job_succeeded(ungrouped, Duration::from_secs(10))
+        .await;
     assert_eq!(
         db.text(&format!(
             "SELECT state FROM pgfifo.job WHERE id = {grouped}"
@@ -208,20 +189,15 @@ async fn ungrouped_job_is_not_blocked_by_a_running_grouped_job() {
         Some("queued"),
         "the grouped job is still running"
     );
-    assert_eq!(attempts_of(&db, grouped).await, 1);
+    assert_eq!(db.attempt_rows(grouped).await, 1);
     assert_eq!(
-        attempts_of(&db, grouped_next).await,
+        db.attempt_rows(grouped_next).await,
         0,
         "its group is still held"
     );
 
     gate(gate_name).add_permits(1);
-    db.wait_for(
-        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
-        3,
-        Duration::from_secs(10),
-    )
-    .await;
+    db.wait_succeeded(3, Duration::from_secs(10)).await;
     runner.shutdown().await.unwrap();
     let order = db
         .text("SELECT string_agg(tag, ',' ORDER BY n) FROM ungrouped_log")

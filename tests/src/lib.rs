@@ -14,10 +14,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use pgfifo::{Pool, RunnerConfig};
+use pgfifo::{Job, JobId, Pool, RunnerConfig, RunnerHandle};
 
 pub mod faults;
 pub mod records;
+pub mod worker;
 
 /// The server tests run against.
 pub fn server_url() -> String {
@@ -146,6 +147,86 @@ impl TestDb {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits until `n` jobs in all have succeeded; panics after `limit`.
+    pub async fn wait_succeeded(&self, n: i64, limit: Duration) {
+        self.wait_for(
+            "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
+            n,
+            limit,
+        )
+        .await;
+    }
+
+    /// Waits until job `id` has succeeded; panics after `limit`.
+    pub async fn wait_job_succeeded(&self, id: JobId, limit: Duration) {
+        self.wait_for(
+            &format!("SELECT count(*) FROM pgfifo.job WHERE id = {id} AND state = 'succeeded'"),
+            1,
+            limit,
+        )
+        .await;
+    }
+
+    /// Waits until job `id` has `n` `pgfifo.job_attempt` rows (started
+    /// attempts); panics after `limit`.
+    pub async fn wait_attempt_rows(&self, id: JobId, n: i64, limit: Duration) {
+        self.wait_for(
+            &format!("SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {id}"),
+            n,
+            limit,
+        )
+        .await;
+    }
+
+    /// Job `id`'s state and attempts as `"<state> <attempts>"`, e.g.
+    /// `"succeeded 1"`; panics if there is no such job.
+    pub async fn job_state(&self, id: JobId) -> String {
+        self.text(&format!(
+            "SELECT state || ' ' || attempts FROM pgfifo.job WHERE id = {id}"
+        ))
+        .await
+        .unwrap_or_else(|| panic!("no job {id}"))
+    }
+
+    /// Job `id`'s `last_error` (`None` when it has none).
+    pub async fn last_error(&self, id: JobId) -> Option<String> {
+        self.text(&format!(
+            "SELECT last_error FROM pgfifo.job WHERE id = {id}"
+        ))
+        .await
+    }
+
+    /// How many `pgfifo.job_attempt` rows (started attempts) job `id` has.
+    pub async fn attempt_rows(&self, id: JobId) -> i64 {
+        self.scalar(&format!(
+            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id = {id}"
+        ))
+        .await
+    }
+
+    /// The `error` noted for attempt `attempt` of job `id` (`None` when it
+    /// has none or there is no such attempt).
+    pub async fn attempt_error(&self, id: JobId, attempt: u32) -> Option<String> {
+        self.text(&format!(
+            "SELECT error FROM pgfifo.job_attempt WHERE job_id = {id} AND attempt = {attempt}"
+        ))
+        .await
+    }
+
+    /// Starts a runner with `config` on the test's pool.
+    pub async fn start_runner(&self, config: RunnerConfig) -> RunnerHandle {
+        pgfifo::runner::start(self.pool.clone(), config)
+            .await
+            .expect("start the runner")
+    }
+
+    /// Enqueues `job` in group `group` on a pooled connection of its own
+    /// (given back at once) and returns its id.
+    pub async fn enqueue<J: Job>(&self, job: J, group: &str) -> JobId {
+        let mut conn = self.conn().await;
+        job.enqueue(&mut conn, group).await.expect("enqueue")
     }
 }
 

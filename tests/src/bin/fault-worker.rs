@@ -24,7 +24,7 @@
 //! transaction, so the table holds exactly the runs that committed.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -32,9 +32,10 @@ use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::RunQueryDsl;
-use pgfifo::{async_trait, Handler, Job, JobContext, JobError, RunnerConfig};
+use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::faults::runs::{Line, Mode, RunKey};
 use pgfifo_tests::records::now_ns;
+use pgfifo_tests::worker;
 use serde::{Deserialize, Serialize};
 
 /// The suite's main job. `tests/faults/` declares the same type (same name,
@@ -260,7 +261,7 @@ impl Handler for FreezeJob {
             }
             // Nothing runs on the job's connection from here on: its
             // transaction is idle, as a frozen process would leave it.
-            say(&format!(
+            worker::say(&format!(
                 "freeze-point job={} pid={} pre_ns={pre_ns} done_ns={done_ns}",
                 run.key.job,
                 std::process::id()
@@ -287,53 +288,31 @@ impl Handler for FreezeJob {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("fault-worker {}: {message}", std::process::id());
-            ExitCode::FAILURE
-        }
-    }
+    worker::exit_code("fault-worker", run().await)
 }
 
 async fn run() -> Result<(), String> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PGFIFO_TEST_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
-    let var = |name: &str| std::env::var(name).map_err(|e| format!("{name}: {e}"));
-    let number = |name: &str, default: u64| -> Result<u64, String> {
-        match std::env::var(name) {
-            Ok(v) => v.parse().map_err(|e| format!("{name}={v:?}: {e}")),
-            Err(_) => Ok(default),
-        }
-    };
-    let url = var("DATABASE_URL")?;
-    let app = var("APP_NAME")?;
-    let path = var("RECORDS_FILE")?;
+    worker::init_logging(false);
+    let url = worker::var("DATABASE_URL")?;
+    let app = worker::var("APP_NAME")?;
+    let path = worker::var("RECORDS_FILE")?;
     let queues: Vec<String> = std::env::var("QUEUES")
         .unwrap_or_else(|_| "faults".to_owned())
         .split(',')
         .map(str::to_owned)
         .collect();
-    let concurrency = usize::try_from(number("CONCURRENCY", 4)?).map_err(|e| e.to_string())?;
-    let idle_grace = Duration::from_millis(number("IDLE_GRACE_MS", 2000)?);
+    let concurrency: usize = worker::number("CONCURRENCY", 4)?;
+    let idle_grace = Duration::from_millis(worker::number("IDLE_GRACE_MS", 2000)?);
     FREEZE_HOLD
-        .set(Duration::from_millis(number("FREEZE_HOLD_MS", 2000)?))
+        .set(Duration::from_millis(worker::number(
+            "FREEZE_HOLD_MS",
+            2000,
+        )?))
         .expect("set once");
-    if std::env::var("EXIT_WITH_STDIN").is_ok_and(|v| v == "1") {
-        std::thread::spawn(exit_when_stdin_closes);
-    }
-    let file = File::options()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|e| format!("open {path}: {e}"))?;
-    RECORDS.set(Mutex::new(file)).expect("set once");
+    worker::exit_with_stdin_if_asked("fault-worker");
+    RECORDS
+        .set(Mutex::new(worker::open_records(&path)?))
+        .expect("set once");
 
     let sep = if url.contains('?') { '&' } else { '?' };
     let url = format!("{url}{sep}application_name={app}");
@@ -341,52 +320,15 @@ async fn run() -> Result<(), String> {
     // prefetch lanes), its LISTEN and bookkeeping connections, and a spare:
     // the suite tests faults, not a starved pool (tests/faults/ has a test
     // of its own for that).
-    let pool_size = match std::env::var("POOL_SIZE") {
-        Ok(n) => n.parse().map_err(|e| format!("POOL_SIZE={n:?}: {e}"))?,
-        Err(_) => u32::try_from(2 * concurrency + 3).map_err(|e| e.to_string())?,
-    };
-    let pool = pgfifo::connect(&url, pool_size)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let config = RunnerConfig::default()
-        .queues(queues)
-        .concurrency(concurrency)
-        .poll_interval(Duration::from_millis(100))
+    let default_pool_size = u32::try_from(2 * concurrency + 3).map_err(|e| e.to_string())?;
+    let pool_size: u32 = worker::number("POOL_SIZE", default_pool_size)?;
+    let pool = worker::connect(&url, pool_size).await?;
+    let config = worker::base_config(queues, concurrency)
         .idle_grace(idle_grace)
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
         .name(format!("{app}:{}", std::process::id()));
-    let runner = pgfifo::runner::start(pool, config)
-        .await
-        .map_err(|e| format!("start: {e}"))?;
-    say(&format!("ready pid={}", std::process::id()));
-
-    runner
-        .shutdown_on_signal()
-        .await
-        .map_err(|e| format!("shutdown: {e}"))?;
-    say(&format!("done pid={}", std::process::id()));
+    worker::run_until_signal(pool, config).await?;
+    worker::say(&format!("done pid={}", std::process::id()));
     Ok(())
-}
-
-/// Prints a line on stdout and flushes it (stdout is a pipe).
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-/// Exits as soon as the parent closes stdin (or dies).
-fn exit_when_stdin_closes() {
-    let mut buf = [0u8; 64];
-    let mut stdin = std::io::stdin().lock();
-    loop {
-        match stdin.read(&mut buf) {
-            Ok(0) | Err(_) => {
-                eprintln!("fault-worker {}: stdin closed: exiting", std::process::id());
-                std::process::exit(3);
-            }
-            Ok(_) => {}
-        }
-    }
 }

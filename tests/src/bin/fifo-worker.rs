@@ -14,7 +14,7 @@
 //! `done pid=<pid> runs=<n>`.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Integer};
 use diesel_async::RunQueryDsl;
-use pgfifo::{async_trait, Handler, Job, JobContext, JobError, RunnerConfig};
+use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::records::{now_ns, Run};
+use pgfifo_tests::worker;
 use serde::{Deserialize, Serialize};
 
 /// The multi-process test's job. The test binary declares the same type
@@ -86,59 +87,24 @@ impl Handler for MpJob {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("fifo-worker {}: {message}", std::process::id());
-            ExitCode::FAILURE
-        }
-    }
+    worker::exit_code("fifo-worker", run().await)
 }
 
 async fn run() -> Result<(), String> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PGFIFO_TEST_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
-    let var = |name: &str| std::env::var(name).map_err(|e| format!("{name}: {e}"));
-    let url = var("DATABASE_URL")?;
-    let path = var("RECORDS_FILE")?;
-    let concurrency: usize = match std::env::var("CONCURRENCY") {
-        Ok(n) => n.parse().map_err(|e| format!("CONCURRENCY={n:?}: {e}"))?,
-        Err(_) => 8,
-    };
-    if std::env::var("EXIT_WITH_STDIN").is_ok_and(|v| v == "1") {
-        std::thread::spawn(exit_when_stdin_closes);
-    }
-    let file = File::options()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|e| format!("open {path}: {e}"))?;
-    RECORDS.set(Mutex::new(file)).expect("set once");
+    worker::init_logging(true);
+    let url = worker::var("DATABASE_URL")?;
+    let path = worker::var("RECORDS_FILE")?;
+    let concurrency: usize = worker::number("CONCURRENCY", 8)?;
+    worker::exit_with_stdin_if_asked("fifo-worker");
+    RECORDS
+        .set(Mutex::new(worker::open_records(&path)?))
+        .expect("set once");
 
     // One connection per running job, plus the runner's LISTEN and
     // bookkeeping connections, plus one spare.
     let pool_size = u32::try_from(concurrency + 3).map_err(|e| e.to_string())?;
-    let pool = pgfifo::connect(&url, pool_size)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let config = RunnerConfig::default()
-        .queues(["mp"])
-        .concurrency(concurrency)
-        .poll_interval(Duration::from_millis(100));
-    let runner = pgfifo::runner::start(pool, config)
-        .await
-        .map_err(|e| format!("start: {e}"))?;
-    say(&format!("ready pid={}", std::process::id()));
-
-    runner
-        .shutdown_on_signal()
-        .await
-        .map_err(|e| format!("shutdown: {e}"))?;
+    let pool = worker::connect(&url, pool_size).await?;
+    worker::run_until_signal(pool, worker::base_config(["mp"], concurrency)).await?;
 
     let file = RECORDS
         .get()
@@ -146,33 +112,10 @@ async fn run() -> Result<(), String> {
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     file.sync_all().map_err(|e| format!("sync {path}: {e}"))?;
-    say(&format!(
+    worker::say(&format!(
         "done pid={} runs={}",
         std::process::id(),
         AtomicU64::load(&RUNS, Ordering::Relaxed)
     ));
     Ok(())
-}
-
-/// Prints a line on stdout and flushes it (stdout is a pipe: block-buffered).
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-/// Blocks on stdin; when the parent closes it (or dies), exits at once. The
-/// running jobs' transactions then roll back on the server.
-fn exit_when_stdin_closes() {
-    let mut buf = [0u8; 64];
-    let mut stdin = std::io::stdin().lock();
-    loop {
-        match stdin.read(&mut buf) {
-            Ok(0) | Err(_) => {
-                eprintln!("fifo-worker {}: stdin closed: exiting", std::process::id());
-                std::process::exit(3);
-            }
-            Ok(_) => {}
-        }
-    }
 }
