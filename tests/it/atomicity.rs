@@ -3,8 +3,6 @@
 //! failing handler's writes are rolled back while its failure and error are
 //! still recorded.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Integer, Text};
@@ -13,33 +11,13 @@ use pgfifo::runner::JobOutcome;
 use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+
+use crate::gate::gate;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
 const ATOM_ROWS: &str = "CREATE TABLE atom_rows (
     job_id bigint NOT NULL, attempt int NOT NULL, what text NOT NULL)";
-
-/// Rendezvous between a test and its handlers, keyed by the test's tag.
-struct Gate {
-    started: Semaphore,
-    release: Semaphore,
-}
-
-fn gate(tag: &str) -> Arc<Gate> {
-    static GATES: LazyLock<Mutex<HashMap<String, Arc<Gate>>>> = LazyLock::new(Default::default);
-    GATES
-        .lock()
-        .unwrap()
-        .entry(tag.to_owned())
-        .or_insert_with(|| {
-            Arc::new(Gate {
-                started: Semaphore::new(0),
-                release: Semaphore::new(0),
-            })
-        })
-        .clone()
-}
 
 async fn write(
     conn: &mut AsyncPgConnection,

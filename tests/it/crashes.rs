@@ -7,8 +7,6 @@
 //! (`pg_terminate_backend`), by the handler itself or by the test: for the
 //! database that is exactly a worker process dying mid-job.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Integer};
@@ -17,50 +15,14 @@ use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+
+use crate::gate::gate;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
 const CRASH_LOG: &str = "CREATE TABLE crash_log (
     seq bigint NOT NULL, job_id bigint NOT NULL, attempt int NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp())";
-
-/// Rendezvous between a test and its handlers, keyed by the test's tag.
-struct Gate {
-    /// One permit per handler run that reached the gate.
-    started: Semaphore,
-    /// Permits let waiting handler runs go on.
-    release: Semaphore,
-    /// Backend pid of each run's connection, in order.
-    pids: Mutex<Vec<i32>>,
-}
-
-fn gate(tag: &str) -> Arc<Gate> {
-    static GATES: LazyLock<Mutex<HashMap<String, Arc<Gate>>>> = LazyLock::new(Default::default);
-    GATES
-        .lock()
-        .unwrap()
-        .entry(tag.to_owned())
-        .or_insert_with(|| {
-            Arc::new(Gate {
-                started: Semaphore::new(0),
-                release: Semaphore::new(0),
-                pids: Mutex::new(Vec::new()),
-            })
-        })
-        .clone()
-}
-
-impl Gate {
-    /// Waits until `n` more handler runs reached the gate.
-    async fn wait_started(&self, n: u32) {
-        tokio::time::timeout(LIMIT, self.started.acquire_many(n))
-            .await
-            .expect("handler did not start in time")
-            .expect("semaphore closed")
-            .forget();
-    }
-}
 
 #[derive(QueryableByName)]
 struct Pid {

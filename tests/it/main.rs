@@ -4,6 +4,7 @@
 //! Job type names must be unique across this binary (a duplicate makes every
 //! registration lookup fail), so each module names its types after itself.
 
+mod gate;
 mod jobs;
 mod smoke;
 

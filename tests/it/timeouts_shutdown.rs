@@ -3,9 +3,7 @@
 //! lets running jobs finish up to a deadline, then aborts them without using
 //! up an attempt, and they run again later. Nothing is lost either way.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use diesel::sql_types::{BigInt, Integer};
@@ -14,7 +12,9 @@ use pgfifo::runner::{JobEvent, JobOutcome};
 use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{broadcast, Semaphore};
+
+use crate::gate::gate;
+use tokio::sync::broadcast;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -31,41 +31,6 @@ async fn log_run(ctx: &mut JobContext<'_>, seq: i64) -> Result<(), JobError> {
         .execute(ctx.conn())
         .await?;
     Ok(())
-}
-
-/// Rendezvous between a test and its handlers, keyed by the test's tag.
-struct Gate {
-    started: Semaphore,
-    runs: AtomicU32,
-}
-
-fn gate(tag: &str) -> Arc<Gate> {
-    static GATES: LazyLock<Mutex<HashMap<String, Arc<Gate>>>> = LazyLock::new(Default::default);
-    GATES
-        .lock()
-        .unwrap()
-        .entry(tag.to_owned())
-        .or_insert_with(|| {
-            Arc::new(Gate {
-                started: Semaphore::new(0),
-                runs: AtomicU32::new(0),
-            })
-        })
-        .clone()
-}
-
-/// How many handler runs reached the gate.
-fn runs(gate: &Gate) -> u32 {
-    // (`RunQueryDsl::load` shadows the atomic's method.)
-    AtomicU32::load(&gate.runs, Ordering::SeqCst)
-}
-
-async fn wait_started(gate: &Gate) {
-    tokio::time::timeout(LIMIT, gate.started.acquire())
-        .await
-        .expect("the handler did not start in time")
-        .unwrap()
-        .forget();
 }
 
 /// Sleeps 10 s on its first attempt (far past its 300 ms timeout).
@@ -284,7 +249,7 @@ async fn graceful_shutdown_lets_running_job_finish_and_starts_nothing_new() {
     let waiting_b = db.enqueue(slow(&tag, 1, 0, false), "g").await;
     let waiting_c = db.enqueue(slow(&tag, 2, 0, false), "g").await;
 
-    wait_started(&gate).await;
+    gate.wait_started(1).await;
     let stopping = Instant::now();
     runner
         .shutdown_within(Duration::from_secs(15))
@@ -309,7 +274,7 @@ async fn graceful_shutdown_lets_running_job_finish_and_starts_nothing_new() {
         "{events:?}"
     );
     // …and nothing started after the call, though the group was free then.
-    assert_eq!(runs(&gate), 1, "a job started after shutdown was called");
+    assert_eq!(gate.runs(), 1, "a job started after shutdown was called");
     assert_eq!(
         db.scalar(&format!(
             "SELECT count(*) FROM pgfifo.job WHERE id IN ({waiting_b}, {waiting_c}) AND state = 'queued' AND attempts = 0"
@@ -354,7 +319,7 @@ async fn shutdown_deadline_aborts_long_job_without_counting_the_attempt() {
     let long = db.enqueue(slow(&tag, 0, 10_000, true), "g").await;
     let behind = db.enqueue(slow(&tag, 1, 0, false), "g").await;
 
-    wait_started(&gate).await;
+    gate.wait_started(1).await;
     assert_eq!(db.attempt_rows(long).await, 1);
     let stopping = Instant::now();
     runner
@@ -424,5 +389,5 @@ async fn shutdown_deadline_aborts_long_job_without_counting_the_attempt() {
         Some("0,1")
     );
     // The aborted run, the re-run, the job behind.
-    assert_eq!(runs(&gate), 3);
+    assert_eq!(gate.runs(), 3);
 }
