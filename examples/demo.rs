@@ -74,9 +74,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let url = demo_database(&server).await?;
+    let url =
+        pgfifo_examples::fresh_database(&pgfifo_examples::server_url(), "pgfifo_demo").await?;
     let pool = pgfifo::connect(&url, 10).await?;
     pgfifo::migrate(&pool).await?;
 
@@ -154,25 +153,4 @@ fn print_timeline(tenants: &[&str]) {
         runs.len(),
         if in_order { "yes" } else { "NO" }
     );
-}
-
-/// Creates a fresh `pgfifo_demo` database on the server (dropping the one a
-/// previous run left), so every run starts from scratch. Returns its URL.
-async fn demo_database(server: &str) -> Result<String, Box<dyn std::error::Error>> {
-    use pgfifo::diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-    let mut admin = AsyncPgConnection::establish(server).await?;
-    admin
-        .batch_execute("DROP DATABASE IF EXISTS pgfifo_demo WITH (FORCE)")
-        .await?;
-    admin.batch_execute("CREATE DATABASE pgfifo_demo").await?;
-    let (base, query) = match server.split_once('?') {
-        Some((base, query)) => (base, format!("?{query}")),
-        None => (server, String::new()),
-    };
-    let after_scheme = base.find("://").map_or(0, |i| i + 3);
-    let root = match base[after_scheme..].find('/') {
-        Some(slash) => &base[..after_scheme + slash],
-        None => base,
-    };
-    Ok(format!("{root}/pgfifo_demo{query}"))
 }

@@ -8,6 +8,9 @@ DROP FUNCTION IF EXISTS pgfifo.enqueue(text[], text[], text[], jsonb[], smallint
 DROP FUNCTION IF EXISTS pgfifo.run_after(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.group_lock_key(text, text);
 DROP FUNCTION IF EXISTS pgfifo.group_hash(text, text);
+DROP TABLE IF EXISTS pgfifo.runner;
+DROP TABLE IF EXISTS pgfifo.group_pause;
+DROP TABLE IF EXISTS pgfifo.queue_setting;
 DROP TABLE IF EXISTS pgfifo.job_attempt;
 DROP TABLE IF EXISTS pgfifo.group_wake;
 DROP TABLE IF EXISTS pgfifo.queue_group;

@@ -24,6 +24,9 @@ CREATE TABLE pgfifo.job (
     -- Attempts whose outcome was written. Attempts interrupted by a crash are
     -- only in pgfifo.job_attempt, which is the authority at pick time.
     attempts     integer     NOT NULL DEFAULT 0,
+    -- Attempts made before the last manual retry: the job may make
+    -- max_attempts more after it (see pgfifo.retry_jobs).
+    attempt_base integer     NOT NULL DEFAULT 0,
     run_after    timestamptz NOT NULL DEFAULT now(),
     unique_key   text,
     result       jsonb,
@@ -44,6 +47,17 @@ CREATE INDEX job_ungrouped_queued_idx ON pgfifo.job (queue, priority DESC, run_a
 -- At most one unfinished job per (queue, unique_key).
 CREATE UNIQUE INDEX job_unique_key_idx ON pgfifo.job (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state = 'queued';
+
+-- Operators' views of the states that need attention. Both stay small and
+-- cost nothing on the hot path: a job enters them only when it fails or is
+-- retried (an update that rewrites its index entries anyway).
+CREATE INDEX job_failed_idx ON pgfifo.job (queue, group_id, id) WHERE state = 'failed';
+CREATE INDEX job_retrying_idx ON pgfifo.job (queue, group_id, id)
+    WHERE state = 'queued' AND attempts > 0;
+
+-- Per-queue estimates of the final states, which are not counted (see
+-- docs/operations.md): ANALYZE keeps the common (queue, state) pairs.
+CREATE STATISTICS pgfifo.job_queue_state (mcv) ON queue, state FROM pgfifo.job;
 
 -- One row per (queue, group) that has had a job.
 --
@@ -73,6 +87,8 @@ CREATE TABLE pgfifo.queue_group (
     priority   smallint    NOT NULL DEFAULT 0,
     ready_at   timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
+    -- When the group last went idle (retention drops long-idle rows).
+    idle_since timestamptz,
     PRIMARY KEY (queue, group_id)
 ) WITH (fillfactor = 50,
         autovacuum_vacuum_scale_factor = 0.01,
@@ -81,6 +97,48 @@ CREATE TABLE pgfifo.queue_group (
 -- The grouped pick: active groups by priority, then slot.
 CREATE INDEX queue_group_ready_idx ON pgfifo.queue_group (queue, priority DESC, slot)
     WHERE ready_at IS NOT NULL;
+
+-- A group is *held* when its head failed for good in a queue whose failure
+-- policy is 'hold': head_id names the failed job and ready_at is NULL, so no
+-- pick sees it and promote leaves it alone until an operator retries or skips
+-- the head. Few rows; the index lists them for status.
+CREATE INDEX queue_group_held_idx ON pgfifo.queue_group (queue, group_id)
+    WHERE ready_at IS NULL AND head_id IS NOT NULL;
+
+-- Per-queue settings an operator changes at run time. A queue without a row
+-- has the defaults.
+CREATE TABLE pgfifo.queue_setting (
+    queue          text        PRIMARY KEY,
+    -- A paused queue keeps accepting jobs; no runner starts one.
+    paused         boolean     NOT NULL DEFAULT false,
+    -- What a head that failed for good does to its group: 'continue' (the
+    -- group goes on) or 'hold' (the group waits for an operator).
+    failure_policy text        NOT NULL DEFAULT 'continue'
+                               CHECK (failure_policy IN ('continue', 'hold')),
+    updated_at     timestamptz NOT NULL DEFAULT now()
+);
+
+-- Paused groups. Pausing must not wait for the group's running job, which
+-- holds its queue_group row, so the pause is a row here: the next pick that
+-- locks the group sees it and parks the group (makes it idle); promote leaves
+-- paused groups idle; resuming deletes the row and wakes the group.
+CREATE TABLE pgfifo.group_pause (
+    queue     text        NOT NULL,
+    group_id  text        NOT NULL,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, group_id)
+);
+
+-- Live runners, written by each runner every few seconds (never per job):
+-- what status reports as running, and who is alive.
+CREATE TABLE pgfifo.runner (
+    name         text        PRIMARY KEY,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    queues       text[]      NOT NULL,
+    -- Jobs running now, per queue: {"queue": n}.
+    running      jsonb       NOT NULL DEFAULT '{}'
+);
 
 -- Groups that an enqueuer found missing or idle, to be made active by a
 -- runner (pgfifo.promote) once the enqueuing transaction has committed.
@@ -267,6 +325,11 @@ $$;
 -- statement, whose snapshot follows the lock. Groups are handled in sorted
 -- order. The commit does not wait for the WAL flush: if the server crashes,
 -- the wake rows come back with the promotion.
+--
+-- A paused group stays idle (resuming wakes it again). A held group (head
+-- failed, ready_at NULL) is left alone. An active group is woken only by an
+-- operator's retry: if it now has a queued job older than its head (and no
+-- job runs, or the lock would have been skipped), that job becomes the head.
 CREATE FUNCTION pgfifo.promote(p_queues text[], p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 -- Short queries on small tables: compiling them would cost 100x running them.
@@ -293,20 +356,24 @@ BEGIN
         INSERT INTO pgfifo.queue_group (queue, group_id, slot)
         VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_hash(v_wake.queue, v_wake.group_id))
         ON CONFLICT (queue, group_id) DO NOTHING;
-        SELECT g.head_id INTO v_group FROM pgfifo.queue_group AS g
+        SELECT g.head_id, g.ready_at INTO v_group FROM pgfifo.queue_group AS g
         WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id
         FOR NO KEY UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_wake.queue, v_wake.group_id);
             CONTINUE;
         END IF;
-        CONTINUE WHEN v_group.head_id IS NOT NULL; -- already active
+        CONTINUE WHEN v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL; -- held
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                              WHERE p.queue = v_wake.queue AND p.group_id = v_wake.group_id);
         SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
         WHERE j.queue = v_wake.queue AND j.group_id = v_wake.group_id AND j.state = 'queued'
         ORDER BY j.id LIMIT 1;
         CONTINUE WHEN NOT FOUND;
+        CONTINUE WHEN v_next.id >= v_group.head_id; -- active, head already the oldest
         UPDATE pgfifo.queue_group
-        SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after
+        SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after,
+            idle_since = NULL
         WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
     END LOOP;
     RETURN v_taken;
@@ -361,7 +428,7 @@ BEGIN
         ORDER BY id LIMIT 1;
     END IF;
     IF v_next.id IS NULL THEN
-        UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL
+        UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL, idle_since = v_now
         WHERE queue = p_queue AND group_id = p_group;
     ELSE
         UPDATE pgfifo.queue_group
@@ -457,6 +524,8 @@ BEGIN
     END IF;
     FOR v_i IN 0 .. coalesce(v_n, 0) - 1 LOOP
         v_q := p_queues[1 + (v_turn + v_i) % v_n];
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                              WHERE s.queue = v_q AND s.paused);
         FOR v_kind IN 0 .. 1 LOOP
             IF (v_kind + v_turn) % 2 = 0 THEN
                 v_bound := 32768;
@@ -491,11 +560,21 @@ BEGIN
                             WHERE g.queue = v_q AND g.group_id = v_cand.group_id
                             FOR UPDATE SKIP LOCKED;
                             CONTINUE WHEN NOT FOUND; -- busy: another runner holds it
-                            IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL THEN
+                            IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL
+                               OR EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                          WHERE p.queue = v_q AND p.group_id = v_group.group_id) THEN
                                 -- It changed since the candidate read (went idle, or
-                                -- its head is now waiting for a retry). This lock
-                                -- lasts until T ends: return at once, and the
-                                -- caller commits and picks again.
+                                -- its head is now waiting for a retry), or it is
+                                -- paused: park it (idle until resumed; its jobs
+                                -- stay queued). This lock lasts until T ends:
+                                -- return at once, and the caller commits and
+                                -- picks again.
+                                UPDATE pgfifo.queue_group AS g
+                                SET head_id = NULL, ready_at = NULL, idle_since = v_now
+                                WHERE g.queue = v_q AND g.group_id = v_group.group_id
+                                  AND g.ready_at IS NOT NULL
+                                  AND EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                              WHERE p.queue = v_q AND p.group_id = v_group.group_id);
                                 RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
                                                     NULL::jsonb, NULL::integer, v_group.slot;
                                 RETURN;
@@ -523,7 +602,8 @@ BEGIN
                             PERFORM set_config('idle_in_transaction_session_timeout',
                                 coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)], p_default_idle_ms)::text, true);
                             RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
-                                                v_job.payload, v_job.max_attempts, v_group.slot;
+                                                v_job.payload, v_job.max_attempts + v_job.attempt_base,
+                                                v_group.slot;
                             RETURN;
                         END LOOP;
                     END LOOP;
@@ -539,7 +619,8 @@ BEGIN
                     PERFORM set_config('idle_in_transaction_session_timeout',
                                 coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)], p_default_idle_ms)::text, true);
                     RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
-                                        v_job.payload, v_job.max_attempts, NULL::integer;
+                                        v_job.payload, v_job.max_attempts + v_job.attempt_base,
+                                        NULL::integer;
                     RETURN;
                 END IF;
             END IF;
@@ -581,6 +662,9 @@ $$;
 -- retry keeps the job at the head of its group until p_retry_delay_us passes;
 -- any other outcome advances the head. p_queue and p_group are the job's (the
 -- caller has them from pick).
+--
+-- A grouped job that failed for good in a queue whose failure policy is
+-- 'hold' stays its group's head and holds it (see queue_group).
 CREATE FUNCTION pgfifo.complete(
     p_id               bigint,
     p_attempt          integer,
@@ -610,7 +694,12 @@ BEGIN
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)';
     END IF;
-    IF p_group IS NOT NULL AND p_outcome <> 'retry' THEN
+    IF p_group IS NOT NULL AND p_outcome = 'failed'
+       AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                   WHERE s.queue = p_queue AND s.failure_policy = 'hold') THEN
+        UPDATE pgfifo.queue_group SET head_id = p_id, ready_at = NULL
+        WHERE queue = p_queue AND group_id = p_group;
+    ELSIF p_group IS NOT NULL AND p_outcome <> 'retry' THEN
         -- The common case in one statement: the group has a next job, which
         -- becomes the head (a HOT update when it is ready at once).
         WITH next AS (

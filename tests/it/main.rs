@@ -28,3 +28,18 @@ mod timeouts_shutdown;
 
 // Several OS processes on one database.
 mod multiprocess;
+
+// Operating pgfifo.
+mod admin_ops;
+mod admin_pause;
+mod admin_policy;
+mod admin_retry;
+mod admin_status;
+mod admin_support;
+mod admin_wake;
+
+// Runner maintenance: heartbeat, retention, metrics.
+mod runner_ops_heartbeat;
+mod runner_ops_metrics;
+mod runner_ops_retention;
+mod runner_ops_support;

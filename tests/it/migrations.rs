@@ -3,16 +3,15 @@
 //! migrations, the runner's schema check, and the bookkeeping table living
 //! apart from the host application's.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::QueryableByName;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::migrate::{self, MigrationStatus};
 use pgfifo::runner::JobOutcome;
 use pgfifo::{async_trait, Error, Handler, Job, JobContext, JobError};
-use pgfifo_tests::{server_url, test_config, url_for, TestDb};
+use pgfifo_tests::{test_config, FreshDb, TestDb};
 use serde::{Deserialize, Serialize};
 
 #[derive(Job, Serialize, Deserialize, Debug)]
@@ -26,68 +25,6 @@ impl Handler for MigrationsJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
         ctx.set_result(&self.n)?;
         Ok(())
-    }
-}
-
-/// An empty database (from PostgreSQL's default template, not pgfifo's
-/// migrated one), dropped when the test passes and kept when it fails.
-struct FreshDb {
-    name: String,
-    url: String,
-}
-
-impl FreshDb {
-    async fn new() -> FreshDb {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let secs = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        // The harness's naming scheme, so that databases of failed runs are swept.
-        let name = format!(
-            "pgfifo_test_{secs}_{}_mig{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let mut admin = AsyncPgConnection::establish(&server_url())
-            .await
-            .expect("admin connection");
-        admin
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .await
-            .expect("create database");
-        let url = url_for(&server_url(), &name);
-        FreshDb { name, url }
-    }
-
-    async fn connect(&self) -> AsyncPgConnection {
-        AsyncPgConnection::establish(&self.url)
-            .await
-            .expect("connect to the fresh database")
-    }
-}
-
-impl Drop for FreshDb {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("test failed: database {} kept for inspection", self.name);
-            return;
-        }
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut admin) = AsyncPgConnection::establish(&server_url()).await {
-                    let _ = admin
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .await;
-                }
-            });
-        })
-        .join();
     }
 }
 
@@ -131,46 +68,72 @@ async fn schema_objects(conn: &mut AsyncPgConnection) -> i64 {
     .await
 }
 
-fn status_v1(applied: bool) -> Vec<MigrationStatus> {
-    vec![MigrationStatus {
-        version: 1,
-        name: "init".into(),
-        applied,
-    }]
+/// Every version this library ships, oldest first.
+fn all_versions() -> Vec<i64> {
+    migrate::MIGRATIONS.iter().map(|m| m.version).collect()
+}
+
+/// Every version, newest first: what a full rollback reverts.
+fn all_versions_reversed() -> Vec<i64> {
+    all_versions().into_iter().rev().collect()
+}
+
+/// The status of every migration: the first `applied` of them applied.
+fn status_first(applied: usize) -> Vec<MigrationStatus> {
+    migrate::MIGRATIONS
+        .iter()
+        .enumerate()
+        .map(|(i, m)| MigrationStatus {
+            version: m.version,
+            name: m.name.into(),
+            applied: i < applied,
+        })
+        .collect()
+}
+
+fn status_all(applied: bool) -> Vec<MigrationStatus> {
+    status_first(if applied {
+        migrate::MIGRATIONS.len()
+    } else {
+        0
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_is_idempotent_reversible_and_repeatable() {
-    let db = FreshDb::new().await;
+    let db = FreshDb::new("mig").await;
     let mut conn = db.connect().await;
-    assert_eq!(migrate::latest_version(), 1);
+    assert_eq!(migrate::latest_version(), 2);
     assert_eq!(
         scalar(&mut conn, "(to_regclass('pgfifo.job') IS NULL)::int").await,
         1
     );
-    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(false));
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_all(false));
     assert!(
         matches!(
             migrate::check_current(&mut conn).await,
             Err(Error::SchemaOutdated {
                 found: None,
-                needed: 1
+                needed: 2
             })
         ),
         "an unmigrated database is outdated"
     );
 
-    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        all_versions()
+    );
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
         Vec::<i64>::new(),
         "idempotent"
     );
-    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(true));
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_all(true));
     migrate::check_current(&mut conn).await.unwrap();
     assert_eq!(
         scalar(&mut conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
-        1
+        2
     );
     let objects = schema_objects(&mut conn).await;
     assert!(
@@ -178,8 +141,36 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
         "tables, sequence and functions exist: {objects}"
     );
 
+    // One step down and up: version 2 alone is reverted and re-applied.
+    assert_eq!(migrate::rollback(&mut conn, 1).await.unwrap(), vec![2]);
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_first(1));
+    assert!(
+        matches!(
+            migrate::check_current(&mut conn).await,
+            Err(Error::SchemaOutdated {
+                found: Some(1),
+                needed: 2
+            })
+        ),
+        "a database one migration behind is outdated"
+    );
+    assert_eq!(
+        scalar(
+            &mut conn,
+            "(to_regprocedure('pgfifo.retry_jobs(bigint[])') IS NULL)::int"
+        )
+        .await,
+        1,
+        "version 2's functions are gone"
+    );
+    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![2]);
+    assert_eq!(schema_objects(&mut conn).await, objects);
+
     // Down: the tables and functions go, the bookkeeping table stays, empty.
-    assert_eq!(migrate::rollback(&mut conn, 1).await.unwrap(), vec![1]);
+    assert_eq!(
+        migrate::rollback(&mut conn, 2).await.unwrap(),
+        all_versions_reversed()
+    );
     assert_eq!(
         scalar(&mut conn, "(to_regclass('pgfifo.job') IS NULL)::int").await,
         1
@@ -189,7 +180,7 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
         0,
         "everything of version 1 is gone"
     );
-    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(false));
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_all(false));
     assert_eq!(
         scalar(&mut conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
         0
@@ -203,20 +194,29 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
         migrate::check_current(&mut conn).await,
         Err(Error::SchemaOutdated {
             found: None,
-            needed: 1
+            needed: 2
         })
     ));
 
     // Up, down, up again.
-    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
-    assert_eq!(migrate::rollback(&mut conn, 5).await.unwrap(), vec![1]);
-    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        all_versions()
+    );
+    assert_eq!(
+        migrate::rollback(&mut conn, 5).await.unwrap(),
+        all_versions_reversed()
+    );
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        all_versions()
+    );
     assert_eq!(
         schema_objects(&mut conn).await,
         objects,
         "the same schema as the first time"
     );
-    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_v1(true));
+    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_all(true));
 
     // And it works: a job is enqueued and run.
     let pool = pgfifo::connect(&db.url, 6).await.unwrap();
@@ -254,7 +254,7 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_migrations_apply_once() {
-    let db = FreshDb::new().await;
+    let db = FreshDb::new("mig").await;
     let mut conns = Vec::new();
     for _ in 0..4 {
         conns.push(db.connect().await);
@@ -271,18 +271,18 @@ async fn concurrent_migrations_apply_once() {
             })
             .collect();
         assert_eq!(
-            applied.iter().filter(|a| **a == vec![1]).count(),
+            applied.iter().filter(|a| **a == all_versions()).count(),
             1,
             "round {round}: exactly one call applied the migration: {applied:?}"
         );
         assert!(
-            applied.iter().all(|a| a.is_empty() || *a == vec![1]),
+            applied.iter().all(|a| a.is_empty() || *a == all_versions()),
             "{applied:?}"
         );
         let conn = &mut conns[0];
         assert_eq!(
             scalar(conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
-            1
+            2
         );
         assert_eq!(
             scalar(
@@ -292,16 +292,19 @@ async fn concurrent_migrations_apply_once() {
             .await,
             1
         );
-        assert_eq!(migrate::status(conn).await.unwrap(), status_v1(true));
+        assert_eq!(migrate::status(conn).await.unwrap(), status_all(true));
         if round < 2 {
-            assert_eq!(migrate::rollback(conn, 1).await.unwrap(), vec![1]);
+            assert_eq!(
+                migrate::rollback(conn, 2).await.unwrap(),
+                all_versions_reversed()
+            );
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runner_refuses_an_unmigrated_database() {
-    let db = FreshDb::new().await;
+    let db = FreshDb::new("mig").await;
     let pool = pgfifo::connect(&db.url, 4).await.unwrap();
     let err = pgfifo::runner::start(pool.clone(), test_config())
         .await
@@ -311,7 +314,7 @@ async fn runner_refuses_an_unmigrated_database() {
             err,
             Error::SchemaOutdated {
                 found: None,
-                needed: 1
+                needed: 2
             }
         ),
         "expected SchemaOutdated, got {err:?}"
@@ -329,7 +332,7 @@ async fn runner_refuses_an_unmigrated_database() {
 
     // Migrated then rolled back: outdated again.
     migrate::migrate(&pool).await.unwrap();
-    migrate::rollback(&mut conn, 1).await.unwrap();
+    migrate::rollback(&mut conn, 2).await.unwrap();
     let err = pgfifo::runner::start(pool.clone(), test_config())
         .await
         .unwrap_err();
@@ -338,7 +341,7 @@ async fn runner_refuses_an_unmigrated_database() {
             err,
             Error::SchemaOutdated {
                 found: None,
-                needed: 1
+                needed: 2
             }
         ),
         "{err:?}"
@@ -347,25 +350,25 @@ async fn runner_refuses_an_unmigrated_database() {
     // A schema newer than this library: refused by the runner and by migrate.
     migrate::migrate(&pool).await.unwrap();
     conn.batch_execute(
-        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES (2, 'from_the_future', '')",
+        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES (3, 'from_the_future', '')",
     )
     .await
     .unwrap();
     let err = pgfifo::runner::start(pool.clone(), test_config())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::SchemaTooNew(2)), "{err:?}");
+    assert!(matches!(err, Error::SchemaTooNew(3)), "{err:?}");
     let err = migrate::migrate_conn(&mut conn).await.unwrap_err();
-    assert!(matches!(err, Error::SchemaTooNew(2)), "{err:?}");
+    assert!(matches!(err, Error::SchemaTooNew(3)), "{err:?}");
     let status = migrate::status(&mut conn).await.unwrap();
-    assert_eq!(status.len(), 2, "{status:?}");
+    assert_eq!(status.len(), 3, "{status:?}");
     assert!(status.iter().all(|s| s.applied), "{status:?}");
     drop(pool);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bookkeeping_stays_apart_from_the_host_migrations() {
-    let db = FreshDb::new().await;
+    let db = FreshDb::new("mig").await;
     let mut conn = db.connect().await;
     // The table diesel_migrations keeps for the host application.
     conn.batch_execute(
@@ -410,16 +413,19 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
         );
     };
 
-    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        all_versions()
+    );
     check_host(&mut conn).await;
     assert_eq!(
         text(
             &mut conn,
-            "SELECT string_agg(version || ':' || name, ',') FROM pgfifo.schema_migrations"
+            "SELECT string_agg(version || ':' || name, ',' ORDER BY version) FROM pgfifo.schema_migrations"
         )
         .await
         .as_deref(),
-        Some("1:init"),
+        Some("1:init,2:operate"),
         "pgfifo records its migrations in pgfifo.schema_migrations"
     );
     assert_eq!(
@@ -435,9 +441,15 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
         migrate::migrate_conn(&mut conn).await.unwrap(),
         Vec::<i64>::new()
     );
-    assert_eq!(migrate::rollback(&mut conn, 1).await.unwrap(), vec![1]);
+    assert_eq!(
+        migrate::rollback(&mut conn, 2).await.unwrap(),
+        all_versions_reversed()
+    );
     check_host(&mut conn).await;
-    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![1]);
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        all_versions()
+    );
     check_host(&mut conn).await;
 }
 

@@ -215,6 +215,30 @@ impl TestDb {
         .await
     }
 
+    /// Waits until every job of `ids` is in `state` (`queued`, `succeeded`,
+    /// `failed` or `cancelled`); panics after `limit`.
+    pub async fn wait_jobs_in(&self, ids: &[JobId], state: &str, limit: Duration) {
+        self.wait_for(
+            &format!(
+                "SELECT count(*) FROM pgfifo.job WHERE id IN ({}) AND state = '{state}'",
+                id_list(ids)
+            ),
+            ids.len() as i64,
+            limit,
+        )
+        .await;
+    }
+
+    /// How many `pgfifo.job_attempt` rows (started attempts) the jobs `ids`
+    /// have, all together.
+    pub async fn attempts_of(&self, ids: &[JobId]) -> i64 {
+        self.scalar(&format!(
+            "SELECT count(*) FROM pgfifo.job_attempt WHERE job_id IN ({})",
+            id_list(ids)
+        ))
+        .await
+    }
+
     /// Starts a runner with `config` on the test's pool.
     pub async fn start_runner(&self, config: RunnerConfig) -> RunnerHandle {
         pgfifo::runner::start(self.pool.clone(), config)
@@ -255,11 +279,39 @@ impl Drop for TestDb {
     }
 }
 
+/// `ids` as a SQL list, for `id IN (…)` (`NULL` when empty, which matches
+/// nothing).
+pub fn id_list(ids: &[JobId]) -> String {
+    if ids.is_empty() {
+        return "NULL".to_owned();
+    }
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
 /// A runner configuration for tests: short polls and timeouts.
 pub fn test_config() -> RunnerConfig {
     RunnerConfig::default()
         .poll_interval(Duration::from_millis(100))
         .shutdown_timeout(Duration::from_secs(10))
+}
+
+/// Polls `probe` every 20 ms until it returns `Ok`, and returns that value.
+/// After `limit`, panics with `what` and the last `Err` (what the probe saw).
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(seen) if tokio::time::Instant::now() > deadline => {
+                panic!("waited {limit:?} for {what}; last seen: {seen}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
 }
 
 async fn admin() -> AsyncPgConnection {
@@ -301,7 +353,7 @@ async fn ensure_template() -> String {
     }
     let mut admin = admin().await;
     admin
-        .batch_execute("SELECT pg_advisory_lock(1885824614, 1)")
+        .batch_execute("SELECT pg_advisory_lock(8099555043121823745)")
         .await
         .expect("template lock");
     let existing: Count =
@@ -339,7 +391,7 @@ async fn ensure_template() -> String {
             .expect("publish the template");
     }
     admin
-        .batch_execute("SELECT pg_advisory_unlock(1885824614, 1)")
+        .batch_execute("SELECT pg_advisory_unlock(8099555043121823745)")
         .await
         .expect("template unlock");
     template
@@ -384,6 +436,71 @@ async fn sweep_stale(admin: &mut AsyncPgConnection) {
                 ))
                 .await;
         }
+    }
+}
+
+/// An empty database (from PostgreSQL's default template, not pgfifo's
+/// migrated one), dropped when the test passes and kept when it fails.
+pub struct FreshDb {
+    name: String,
+    /// Its URL.
+    pub url: String,
+}
+
+impl FreshDb {
+    /// Creates it; `tag` goes into its name (which follows the harness's
+    /// naming scheme, so databases of failed runs are swept).
+    pub async fn new(tag: &str) -> FreshDb {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let name = format!(
+            "pgfifo_test_{secs}_{}_{tag}{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = AsyncPgConnection::establish(&server_url())
+            .await
+            .expect("admin connection");
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .expect("create database");
+        let url = url_for(&server_url(), &name);
+        FreshDb { name, url }
+    }
+
+    /// A direct connection to it.
+    pub async fn connect(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect to the fresh database")
+    }
+}
+
+impl Drop for FreshDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed: database {} kept for inspection", self.name);
+            return;
+        }
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut admin) = AsyncPgConnection::establish(&server_url()).await {
+                    let _ = admin
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
     }
 }
 

@@ -1,6 +1,7 @@
 //! pgfifo's benchmarks: `cargo run --release -p pgfifo-bench -- <scenario> [--name value]…`
 //!
-//! Scenarios: `fifo-groups`, `backlog`, `latency`, `long-job` (see
+//! Scenarios: `fifo-groups`, `backlog`, `latency`, `long-job`, and `status`
+//! (the operator's `pgfifo status` on a large table) (see
 //! `docs/performance.md`). Each prints progress on stderr and exactly one JSON
 //! line on stdout. Inputs are environment variables (`DATABASE_URL`, `JOBS`,
 //! `NGROUPS`, `WORKERS`, …); a flag `--jobs 5000` overrides `JOBS`.
@@ -10,10 +11,12 @@ mod common;
 mod fifo_groups;
 mod latency;
 mod long_job;
+mod status;
 
 use common::Inputs;
 
-const USAGE: &str = "usage: pgfifo-bench <fifo-groups|backlog|latency|long-job> [--name value]...";
+const USAGE: &str =
+    "usage: pgfifo-bench <fifo-groups|backlog|latency|long-job|status> [--name value]...";
 
 #[tokio::main]
 async fn main() {
@@ -35,6 +38,7 @@ async fn main() {
             "backlog" => backlog::run(&inputs).await,
             "latency" => latency::run(&inputs).await,
             "long-job" => long_job::run(&inputs).await,
+            "status" => status::run(&inputs).await,
             other => Err(format!("unknown scenario {other:?}\n{USAGE}")),
         },
     };

@@ -83,6 +83,35 @@ pub enum Error {
     /// Waiting for running jobs during shutdown failed (a worker task panicked).
     #[error("runner shutdown failed: {0}")]
     Shutdown(String),
+    /// No job has this id (it never existed, or it was purged).
+    #[error("no job with id {0}")]
+    JobNotFound(crate::JobId),
+    /// The job is running (its transaction holds it), so it cannot be changed
+    /// now. Wait for it to finish, or for its timeout.
+    #[error("job {0} is running; wait for it to finish (or for its timeout) and try again")]
+    JobRunning(crate::JobId),
+    /// The operation needs a job in another state (for example cancelling a
+    /// job that already finished).
+    #[error("job {id} is {state}: {needed}")]
+    JobState {
+        /// The job.
+        id: crate::JobId,
+        /// Its current state.
+        state: String,
+        /// What the operation needed.
+        needed: String,
+    },
+    /// The group's head is running, so the operation cannot change it now.
+    #[error("the head of group {group:?} in queue {queue:?} is running; wait for it to finish (or for its timeout) and try again")]
+    GroupBusy {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
+    /// An argument of an operator command is out of range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
 }
 
 impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for Error {

@@ -47,6 +47,7 @@
 
 extern crate self as pgfifo;
 
+pub mod admin;
 pub mod db;
 mod enqueue;
 mod error;
@@ -65,7 +66,7 @@ pub use enqueue::{enqueue_batch, EnqueueOptions, NewJob, MAX_GROUP_LEN, MAX_QUEU
 pub use error::{Error, RegistrationProblem, Result};
 pub use job::{FailureKind, Handler, Job, JobContext, JobError};
 pub use migrate::migrate;
-pub use runner::{RunnerConfig, RunnerHandle};
+pub use runner::{Retention, RunnerConfig, RunnerHandle};
 
 /// Derives [`Job`] for a serde type and registers its [`Handler`] with the
 /// runner. See the [`Job`] trait for the `#[job(...)]` attributes.

@@ -32,20 +32,35 @@ pub struct Migration {
 }
 
 /// Every migration this library ships, oldest first.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    up: include_str!("../migrations/0001_init/up.sql"),
-    down: include_str!("../migrations/0001_init/down.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        up: include_str!("../migrations/0001_init/up.sql"),
+        down: include_str!("../migrations/0001_init/down.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "operate",
+        up: include_str!("../migrations/0002_operate/up.sql"),
+        down: include_str!("../migrations/0002_operate/down.sql"),
+    },
+];
 
 /// The schema version this library needs.
 pub fn latest_version() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// The advisory lock (pgfifo's key class, object 0) that serializes migrations.
-const LOCK: &str = "SELECT pg_advisory_xact_lock(1885824614, 0)";
+/// The base of pgfifo's own single-key advisory locks: "pgff" in the high 32
+/// bits. Single bigint keys live apart from the two-integer keys of the
+/// groups' locks (`pgfifo.group_lock_key`), so they never collide with them.
+/// `+ 0`: migrations; `+ 1`: reserved for test harnesses; `+ 2`: retention.
+#[doc(hidden)]
+pub const ADVISORY_KEY_BASE: i64 = 0x7067_6666 << 32;
+
+/// The advisory lock that serializes migrations (`ADVISORY_KEY_BASE + 0`).
+const LOCK: &str = "SELECT pg_advisory_xact_lock(8099555043121823744)";
 
 const BOOKKEEPING: &str = "\
     CREATE SCHEMA IF NOT EXISTS pgfifo;
@@ -55,6 +70,12 @@ const BOOKKEEPING: &str = "\
         checksum   text        NOT NULL,
         applied_at timestamptz NOT NULL DEFAULT now()
     );";
+
+#[cfg(test)]
+#[test]
+fn migration_lock_uses_the_key_base() {
+    assert!(LOCK.contains(&ADVISORY_KEY_BASE.to_string()));
+}
 
 #[derive(QueryableByName)]
 struct AppliedRow {
@@ -67,7 +88,7 @@ struct AppliedRow {
 }
 
 /// Whether one migration is applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MigrationStatus {
     /// The migration's version.
     pub version: i64,

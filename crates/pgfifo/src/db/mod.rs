@@ -39,8 +39,10 @@ const KEEPALIVES: &str =
 ///
 /// A runner holds one connection per lane (`concurrency + prefetch`, see
 /// [`RunnerConfig::prefetch`](crate::RunnerConfig::prefetch)) plus two of its
-/// own (the LISTEN connection and the attempt bookkeeper), so size the pool at
-/// least `concurrency + prefetch + 2` plus what the application uses.
+/// own (the LISTEN connection and the attempt bookkeeper), and for moments
+/// up to two more (the heartbeat and metrics sampling, a retention pass), so
+/// size the pool at least `concurrency + prefetch + 4` plus what the
+/// application uses.
 ///
 /// Fails at once with a clear error when the database cannot be reached, and
 /// within [`CONNECT_TIMEOUT`] when a server accepts the connection but never

@@ -9,6 +9,7 @@ use std::time::Duration;
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
 use futures_util::FutureExt;
 
+use super::metrics::Run;
 use super::txn::{
     depth, is_connection_error, rollback_to, set_depth, ConnectionLost, Tm, CHECK_CONSTRAINTS,
     SAVEPOINT,
@@ -36,13 +37,36 @@ enum Ran {
     Aborted,
 }
 
-/// Runs a picked job to its outcome. Returns the outcome's event when the
-/// outcome is written and awaits its COMMIT, `None` when the transaction was
-/// rolled back (an aborted run), `Err` when the connection must be dropped.
+/// A job whose outcome is written and awaits its COMMIT.
+pub(super) struct Done {
+    /// The event to broadcast once committed.
+    pub event: JobEvent,
+    /// The handler's run, if it ran: counted as running until the commit,
+    /// and as aborted if the commit fails.
+    pub run: Option<Run>,
+}
+
+/// Runs a picked job to its outcome. Returns it when the outcome is written
+/// and awaits its COMMIT, `None` when the transaction was rolled back (an
+/// aborted run), `Err` when the connection must be dropped.
 pub(super) async fn execute(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     job: PickedJob,
+) -> Result<Option<Done>, ConnectionLost> {
+    // The handler's run, for metrics: dropped here without an outcome (an
+    // abort, a lost connection), it counts as aborted.
+    let mut run = None;
+    let event = run_job(shared, conn, job, &mut run).await?;
+    Ok(event.map(|event| Done { event, run }))
+}
+
+/// [`execute`], with the handler's run put in `run` when it starts.
+async fn run_job(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: PickedJob,
+    run: &mut Option<Run>,
 ) -> Result<Option<JobEvent>, ConnectionLost> {
     // The handler's savepoint is named as diesel names depth 1's savepoint, so
     // diesel's rollback at depth 2 returns to it. When a slot is free at once,
@@ -128,11 +152,15 @@ pub(super) async fn execute(
         }
     };
     tracing::debug!("job started");
+    *run = shared.metrics.start(&job.queue, &job.kind);
 
     let timeout = registration
         .timeout
         .unwrap_or(shared.config.default_timeout);
     let ran = run_handler(shared, conn, &job, attempt, registration, timeout).await;
+    if let Some(run) = run.as_mut() {
+        run.handler_finished();
+    }
     // The slot is free as soon as the handler is done; writing the outcome and
     // committing overlap with the next handler.
     drop(permit);
@@ -209,7 +237,11 @@ pub(super) async fn execute(
         Ran::TimedOut(limit) => {
             FailureText::retry(format!("the handler timed out after {limit:?}"))
         }
-        Ran::Aborted => return abort(shared, conn, &job, attempt).await,
+        Ran::Aborted => {
+            // Counted as aborted before the event is broadcast.
+            drop(run.take());
+            return abort(shared, conn, &job, attempt).await;
+        }
     };
 
     // Discard the handler's writes, keep the locks.

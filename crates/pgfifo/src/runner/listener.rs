@@ -69,8 +69,11 @@ async fn listen_on(
         .await
         .map_err(|e| e.to_string())?;
     tracing::debug!("pgfifo: listening for new jobs");
-    // Work enqueued while no runner listened.
+    // Work enqueued while no runner listened. Workers that looked for work
+    // meanwhile may have found the wake rows taken by this promote (they are
+    // taken SKIP LOCKED) and gone to sleep: wake them.
     promote_all(shared, conn).await?;
+    shared.wake.notify_waiters();
     loop {
         let interrupt = {
             let mut stream = pin!(conn.notifications_stream());

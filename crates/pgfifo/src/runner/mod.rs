@@ -7,7 +7,9 @@
 //! * the bookkeeper (`bookkeeper`), which records attempt starts on its own
 //!   connection, outside the jobs' transactions;
 //! * the listener (`listener`), which wakes idle workers on `NOTIFY pgfifo`,
-//!   with polling every [`RunnerConfig::poll_interval`] as the fallback.
+//!   with polling every [`RunnerConfig::poll_interval`] as the fallback;
+//! * the periodic tasks (`maintenance`): the heartbeat row in `pgfifo.runner`,
+//!   the sampled gauges of [`metrics`], and [`Retention`] when configured.
 //!
 //! Lifecycle: [`RunnerHandle::shutdown`] stops picking, lets running jobs
 //! finish until the deadline, then aborts the rest (their transactions roll
@@ -16,8 +18,12 @@
 mod bookkeeper;
 mod execute;
 mod listener;
+mod maintenance;
+pub mod metrics;
 mod txn;
 mod worker;
+
+pub use maintenance::Retention;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +32,7 @@ use tokio::sync::{broadcast, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::RUNNER_ALIVE;
 use crate::db::sql::IdleBounds;
 use crate::db::Pool;
 use crate::enqueue::validate_queue;
@@ -59,7 +66,10 @@ pub struct RunnerConfig {
     /// that frees up starts its next job at once instead of after several
     /// round trips. A prefetched job holds its group (nobody else can run
     /// it) and counts an attempt from the moment it is taken. The runner
-    /// uses up to `concurrency + prefetch + 2` pooled connections.
+    /// holds up to `concurrency + prefetch + 2` pooled connections, and
+    /// takes one more now and then for its heartbeat and gauges (and one
+    /// for each [`Retention`] pass): size the pool for
+    /// `concurrency + prefetch + 4` plus the application's needs.
     pub prefetch: Option<usize>,
     /// How often an idle runner looks for work when no notification arrives
     /// (default 1 s). Notifications make new jobs start within milliseconds;
@@ -78,8 +88,24 @@ pub struct RunnerConfig {
     /// its connection: the server's `idle_in_transaction_session_timeout` is
     /// set to the job's timeout plus this grace for each job's transaction.
     pub idle_grace: Duration,
-    /// The name recorded with each attempt (default `hostname:pid`).
+    /// The runner's name: recorded with each attempt and as its row in
+    /// `pgfifo.runner`. Must be unique among live runners (default
+    /// `hostname:pid:xxxx`, with 4 random hex digits).
     pub name: String,
+    /// How often the runner writes its heartbeat row in `pgfifo.runner`
+    /// (default 5 s, at most 15 s): its queues and how many jobs it runs
+    /// now, which `pgfifo status` reports. A runner whose heartbeat is older
+    /// than [`admin::RUNNER_ALIVE`](crate::admin::RUNNER_ALIVE) counts as
+    /// gone. The row is deleted on shutdown.
+    pub heartbeat_interval: Duration,
+    /// How often the sampled gauges of [`metrics`] (queue depth, group lag,
+    /// blocked groups) are read from the database (default 15 s); `None`
+    /// reads them never. The counters and the running gauge are recorded as
+    /// jobs run, whatever this is.
+    pub metrics_interval: Option<Duration>,
+    /// Deleting old finished jobs and idle groups (see [`Retention`]). The
+    /// default, `None`, deletes nothing: deleting history is opt-in.
+    pub retention: Option<Retention>,
 }
 
 impl Default for RunnerConfig {
@@ -94,6 +120,9 @@ impl Default for RunnerConfig {
             shutdown_timeout: Duration::from_secs(30),
             idle_grace: Duration::from_secs(30),
             name: default_name(),
+            heartbeat_interval: Duration::from_secs(5),
+            metrics_interval: Some(Duration::from_secs(15)),
+            retention: None,
         }
     }
 }
@@ -151,10 +180,56 @@ impl RunnerConfig {
         self
     }
 
-    /// The name recorded with each attempt.
+    /// The runner's name (unique among live runners).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
+    }
+
+    /// Writes the heartbeat row this often.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// Samples the database's gauges this often (`None`: never).
+    pub fn metrics_interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.metrics_interval = interval.into();
+        self
+    }
+
+    /// Deletes old finished jobs and idle groups (`None`: nothing).
+    pub fn retention(mut self, retention: impl Into<Option<Retention>>) -> Self {
+        self.retention = retention.into();
+        self
+    }
+
+    /// Rejects settings that cannot work.
+    fn validate(&self) -> Result<()> {
+        let invalid = |reason: &str| Err(Error::InvalidConfig(reason.into()));
+        if self.concurrency == 0 {
+            return invalid("concurrency must be at least 1");
+        }
+        if self.poll_interval.is_zero() {
+            return invalid("poll_interval must be longer than zero");
+        }
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval > RUNNER_ALIVE / 2 {
+            return Err(Error::InvalidConfig(format!(
+                "heartbeat_interval must be longer than zero and at most {:?} (half the age \
+                 past which a runner counts as gone)",
+                RUNNER_ALIVE / 2
+            )));
+        }
+        if self.metrics_interval.is_some_and(|i| i.is_zero()) {
+            return invalid("metrics_interval must be longer than zero (or None)");
+        }
+        if self.name.is_empty() {
+            return invalid("name must not be empty");
+        }
+        match &self.retention {
+            Some(retention) => retention.validate(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -186,7 +261,8 @@ fn default_name() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
-    format!("{host}:{}", std::process::id())
+    let tag = (worker::random_fraction() * 65_536.0) as u16;
+    format!("{host}:{}:{tag:04x}", std::process::id())
 }
 
 /// What happened to a job run, as broadcast by [`RunnerHandle::subscribe`].
@@ -257,12 +333,20 @@ pub(crate) struct Shared {
     pub prefetch: usize,
     /// One permit per job allowed to run at once.
     pub slots: Semaphore,
+    /// Metric handles and the running counts the heartbeat reports.
+    pub metrics: metrics::Metrics,
 }
 
 impl Shared {
     fn emit(&self, event: JobEvent) {
         // Nobody listening is fine.
         let _ = self.events.send(event);
+    }
+
+    /// A job's outcome committed: count it and broadcast its event.
+    fn committed(&self, done: execute::Done) {
+        self.metrics.committed(&done.event, done.run);
+        self.emit(done.event);
     }
 }
 
@@ -291,16 +375,7 @@ impl std::fmt::Debug for RunnerHandle {
 /// to this library's version, or the database cannot be reached.
 pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     let registry = Registry::global()?;
-    if config.concurrency == 0 {
-        return Err(Error::InvalidConfig(
-            "concurrency must be at least 1".into(),
-        ));
-    }
-    if config.poll_interval.is_zero() {
-        return Err(Error::InvalidConfig(
-            "poll_interval must be longer than zero".into(),
-        ));
-    }
+    config.validate()?;
     let queues = match &config.queues {
         Some(queues) => queues.clone(),
         None => registry.queues(),
@@ -338,6 +413,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         idle_bounds,
         prefetch,
         slots: Semaphore::new(config.concurrency),
+        metrics: metrics::Metrics::new(&queues),
         pool,
         queues,
         registry,
@@ -349,6 +425,17 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         config,
     });
     tracker.spawn(listener::run(shared.clone(), service.clone()));
+    tracker.spawn(maintenance::heartbeat(shared.clone(), service.clone()));
+    if let Some(interval) = shared.config.metrics_interval {
+        tracker.spawn(maintenance::sample_gauges(
+            shared.clone(),
+            service.clone(),
+            interval,
+        ));
+    }
+    if let Some(retention) = shared.config.retention.clone() {
+        tracker.spawn(maintenance::retention(shared.clone(), retention));
+    }
     let workers = TaskTracker::new();
     for lane in 0..shared.config.concurrency + shared.prefetch {
         workers.spawn(worker::run(shared.clone(), lane));
@@ -446,4 +533,56 @@ async fn wait_for_signal() -> Result<()> {
         .map_err(|e| Error::Shutdown(format!("cannot listen for Ctrl-C: {e}")))?;
     tracing::info!("pgfifo runner: shutdown signal received");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names_differ_by_a_random_tag() {
+        let name = default_name();
+        let parts: Vec<&str> = name.rsplitn(3, ':').collect();
+        assert_eq!(parts.len(), 3, "{name}");
+        assert_eq!(parts[0].len(), 4, "{name}");
+        assert!(parts[0].chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+        assert_eq!(parts[1], std::process::id().to_string());
+        assert!(!parts[2].is_empty());
+        // 16 bits of randomness: ten names are practically never all equal.
+        let names: std::collections::HashSet<_> = (0..10).map(|_| default_name()).collect();
+        assert!(names.len() > 1);
+    }
+
+    #[test]
+    fn the_default_config_is_valid_and_keeps_history() {
+        let config = RunnerConfig::default();
+        assert!(config.validate().is_ok());
+        assert_eq!(config.retention, None);
+        assert_eq!(config.heartbeat_interval, Duration::from_secs(5));
+        assert_eq!(config.metrics_interval, Some(Duration::from_secs(15)));
+    }
+
+    #[test]
+    fn unworkable_configs_are_rejected() {
+        let bad = [
+            RunnerConfig::default().concurrency(0),
+            RunnerConfig::default().poll_interval(Duration::ZERO),
+            RunnerConfig::default().heartbeat_interval(Duration::ZERO),
+            RunnerConfig::default().heartbeat_interval(RUNNER_ALIVE),
+            RunnerConfig::default().metrics_interval(Duration::ZERO),
+            RunnerConfig::default().name(""),
+            RunnerConfig::default().retention(Retention::default().batch_size(0)),
+        ];
+        for config in bad {
+            assert!(
+                matches!(config.validate(), Err(Error::InvalidConfig(_))),
+                "{config:?}"
+            );
+        }
+        let fine = RunnerConfig::default()
+            .metrics_interval(None)
+            .retention(Retention::default())
+            .heartbeat_interval(RUNNER_ALIVE / 2);
+        assert!(fine.validate().is_ok());
+    }
 }

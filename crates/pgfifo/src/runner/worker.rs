@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
 use tracing::Instrument;
 
-use super::execute::execute;
+use super::execute::{execute, Done};
 use super::txn::{depth, set_depth, ConnectionLost, Tm, BEGIN_JOB, COMMIT_AND_BEGIN};
-use super::{JobEvent, Shared};
+use super::Shared;
 use crate::db::sql::{self, Picked};
 use crate::db::PooledConnection;
 
@@ -43,7 +43,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         // Drain: keep picking while picks return work; never wait for a timer
         // while there is work. A finished job's outcome is written but its
         // COMMIT travels with the next pick (`pending`).
-        let mut pending: Option<JobEvent> = None;
+        let mut pending: Option<Done> = None;
         loop {
             turn = turn.wrapping_add(1);
             let step = if shared.stop.is_cancelled() {
@@ -93,7 +93,7 @@ async fn connection(shared: &Shared) -> Option<PooledConnection> {
                 tracing::warn!(
                     waited_ms = waited.as_millis() as u64,
                     "pgfifo worker waited for a pooled connection: the pool is exhausted \
-                     (size it at least concurrency + prefetch + 2 plus the application's needs)"
+                     (size it at least concurrency + prefetch + 4 plus the application's needs)"
                 );
             }
             Some(conn)
@@ -116,7 +116,7 @@ async fn run_one(
     conn: &mut AsyncPgConnection,
     turn: i32,
     cursor: &mut i32,
-    pending: &mut Option<JobEvent>,
+    pending: &mut Option<Done>,
 ) -> Result<bool, ConnectionLost> {
     let picked = match pending.take() {
         // One round trip: commit the previous job, open the next transaction
@@ -136,11 +136,11 @@ async fn run_one(
                 Tm::transaction_manager_status_mut(conn).set_in_error();
                 return Err(ConnectionLost(format!(
                     "commit of job {} failed: {err}",
-                    done.id
+                    done.event.id
                 )));
             }
             set_depth(conn, 1)?;
-            shared.emit(done);
+            shared.committed(done);
             picked
         }
         None => {
@@ -179,6 +179,10 @@ async fn run_one(
             let promoted = super::listener::promote_all(shared, conn)
                 .await
                 .map_err(ConnectionLost)?;
+            if promoted > 0 {
+                // The other lanes may be asleep with work now pickable.
+                shared.wake.notify_waiters();
+            }
             return Ok(promoted > 0);
         }
         Err(err) => {
@@ -202,24 +206,24 @@ async fn run_one(
 async fn commit_pending(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
-    pending: &mut Option<JobEvent>,
+    pending: &mut Option<Done>,
 ) -> Result<(), ConnectionLost> {
     if let Some(done) = pending.take() {
         if let Err(err) = conn.batch_execute("COMMIT").await {
             Tm::transaction_manager_status_mut(conn).set_in_error();
             return Err(ConnectionLost(format!(
                 "commit of job {} failed: {err}",
-                done.id
+                done.event.id
             )));
         }
         set_depth(conn, 0)?;
-        shared.emit(done);
+        shared.committed(done);
     }
     Ok(())
 }
 
 /// Spreads polls of idle workers over ±25 % of the interval.
-fn jittered(interval: Duration) -> Duration {
+pub(super) fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(0.75 + random_fraction() / 2.0)
 }
 

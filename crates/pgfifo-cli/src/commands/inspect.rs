@@ -1,0 +1,173 @@
+//! `pgfifo groups`, `pgfifo jobs` and `pgfifo job ID`: read-only views.
+
+use pgfifo::admin::{self, GroupInfo, GroupQuery, GroupState, JobDetail, JobQuery};
+use pgfifo::diesel_async::AsyncPgConnection;
+use pgfifo::JobId;
+
+use crate::error::{CliError, CliResult};
+use crate::output::{ago, fields, name_of, one_line, or_dash, time, yes_no, Output, Table};
+
+/// How many characters of an error a table cell shows.
+const ERROR_WIDTH: usize = 80;
+
+/// `pgfifo groups --queue Q`: the queue's groups in name order.
+pub async fn groups(
+    conn: &mut AsyncPgConnection,
+    out: Output,
+    queue: &str,
+    query: &GroupQuery,
+) -> CliResult {
+    let groups = admin::groups(conn, queue, query).await?;
+    let full = query.limit.is_some_and(|l| groups.len() as i64 >= l);
+    out.emit(&groups, |groups| {
+        if groups.is_empty() {
+            let which = if query.blocked_only { "blocked " } else { "" };
+            return format!("no {which}groups in queue {queue}");
+        }
+        let mut table = Table::new(&["GROUP", "STATE", "BACKLOG", "HEAD", "HEAD AGE", "DETAIL"]);
+        for g in groups {
+            table.row(vec![
+                g.group.clone(),
+                name_of(&g.state),
+                g.backlog.to_string(),
+                or_dash(g.head),
+                or_dash(g.head_age.map(admin::human)),
+                group_detail(g),
+            ]);
+        }
+        let mut text = table.render();
+        if full {
+            let last = groups.last().map_or("", |g| g.group.as_str());
+            text.push_str(&format!("\nmore may follow: --after {last:?}\n"));
+        }
+        text
+    })
+}
+
+/// Why a group is blocked or waiting, in a few words.
+fn group_detail(g: &GroupInfo) -> String {
+    let error = || {
+        one_line(
+            g.head_error.as_deref().unwrap_or("no error recorded"),
+            ERROR_WIDTH,
+        )
+    };
+    match g.state {
+        GroupState::Retrying => {
+            format!(
+                "retrying until {}: {}",
+                or_dash(g.waiting_until.map(time)),
+                error()
+            )
+        }
+        GroupState::Held => format!("held: head {} failed: {}", or_dash(g.head), error()),
+        GroupState::Paused => format!("paused since {}", or_dash(g.paused_at.map(time))),
+        GroupState::Scheduled => {
+            format!("scheduled for {}", or_dash(g.waiting_until.map(time)))
+        }
+        GroupState::Idle | GroupState::Ready | GroupState::Running => String::new(),
+    }
+}
+
+/// `pgfifo jobs`: a page of jobs.
+pub async fn jobs(conn: &mut AsyncPgConnection, out: Output, query: &JobQuery) -> CliResult {
+    let jobs = admin::jobs(conn, query).await?;
+    let full = query.limit.is_some_and(|l| jobs.len() as i64 >= l);
+    out.emit(&jobs, |jobs| {
+        if jobs.is_empty() {
+            return "no jobs".to_owned();
+        }
+        let mut table = Table::new(&[
+            "ID",
+            "QUEUE",
+            "GROUP",
+            "KIND",
+            "STATUS",
+            "ATTEMPTS",
+            "AGE",
+            "LAST ERROR",
+        ]);
+        for j in jobs {
+            table.row(vec![
+                j.id.to_string(),
+                j.queue.clone(),
+                or_dash(j.group.as_deref()),
+                j.kind.clone(),
+                name_of(&j.status),
+                format!("{}/{}", j.attempts, j.max_attempts),
+                ago(j.created_at),
+                j.last_error
+                    .as_deref()
+                    .map_or_else(String::new, |e| one_line(e, ERROR_WIDTH)),
+            ]);
+        }
+        let mut text = table.render();
+        if full {
+            let last = jobs.last().map_or(0, |j| j.id);
+            text.push_str(&format!("\nmore may follow: --after {last}\n"));
+        }
+        text
+    })
+}
+
+/// `pgfifo job ID`: everything about one job; exit 1 when there is none.
+pub async fn job(conn: &mut AsyncPgConnection, out: Output, id: JobId) -> CliResult {
+    let job = admin::job(conn, id)
+        .await?
+        .ok_or_else(|| CliError::failure(pgfifo::Error::JobNotFound(id).to_string()))?;
+    out.emit(&job, render_job)
+}
+
+/// One job for people: its fields, payload, result and attempt log.
+fn render_job(job: &JobDetail) -> String {
+    let j = &job.summary;
+    let mut text = fields(&[
+        ("id", j.id.to_string()),
+        ("queue", j.queue.clone()),
+        ("group", or_dash(j.group.as_deref())),
+        ("kind", j.kind.clone()),
+        ("status", name_of(&j.status)),
+        ("attempts", format!("{} of {}", j.attempts, j.max_attempts)),
+        ("priority", job.priority.to_string()),
+        ("unique key", or_dash(job.unique_key.as_deref())),
+        ("group head", yes_no(job.is_head)),
+        (
+            "created",
+            format!("{} ({} ago)", time(j.created_at), ago(j.created_at)),
+        ),
+        ("run after", time(j.run_after)),
+        ("finished", or_dash(j.finished_at.map(time))),
+        ("last error", or_dash(j.last_error.as_deref())),
+    ]);
+    text.push_str("\npayload:\n");
+    text.push_str(&indented_json(&job.payload));
+    if let Some(result) = &job.result {
+        text.push_str("\nresult:\n");
+        text.push_str(&indented_json(result));
+    }
+    if job.attempt_log.is_empty() {
+        text.push_str("\nattempts: none recorded\n");
+    } else {
+        let mut table = Table::new(&["ATTEMPT", "RUNNER", "STARTED", "FAILED AT", "ERROR"]);
+        for a in &job.attempt_log {
+            table.row(vec![
+                a.attempt.to_string(),
+                a.runner.clone(),
+                a.started_at.clone(),
+                or_dash(a.finished_at.as_deref()),
+                a.error
+                    .as_deref()
+                    .map_or_else(String::new, |e| one_line(e, ERROR_WIDTH)),
+            ]);
+        }
+        text.push_str("\nattempts:\n");
+        text.push_str(&table.render());
+    }
+    text
+}
+
+/// A JSON value pretty-printed, each line indented by two spaces.
+fn indented_json(value: &serde_json::Value) -> String {
+    let pretty = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    pretty.lines().map(|l| format!("  {l}\n")).collect()
+}

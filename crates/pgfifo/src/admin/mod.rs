@@ -1,0 +1,54 @@
+//! Seeing and steering pgfifo at run time: the library side of the `pgfifo`
+//! command-line tool.
+//!
+//! Every function takes a plain connection and runs in its own short
+//! transaction (or the caller's, if one is open). None waits for a running
+//! job: an operation that would have to (cancelling a running job, skipping
+//! a running head) fails with [`Error::JobRunning`](crate::Error::JobRunning)
+//! or [`Error::GroupBusy`](crate::Error::GroupBusy) and changes nothing.
+//!
+//! | need | function |
+//! |---|---|
+//! | counts per queue, oldest job, blocked groups, largest backlogs | [`status`], [`queue_status`] |
+//! | groups of a queue and why one is blocked | [`groups`] |
+//! | list and inspect jobs | [`jobs`], [`job`] |
+//! | put failed jobs back, in order | [`retry_jobs`], [`retry_failed`] |
+//! | cancel a job, skip a group's head | [`cancel_job`], [`skip_head`] |
+//! | pause and resume a queue or one group | [`pause_queue`], [`pause_group`], … |
+//! | failure policy of a queue | [`set_failure_policy`] |
+//! | delete old finished jobs, idle groups | [`purge`], [`clean_groups`] |
+//!
+//! ```no_run
+//! # async fn run(conn: &mut pgfifo::diesel_async::AsyncPgConnection) -> pgfifo::Result<()> {
+//! use pgfifo::admin;
+//!
+//! // Stop one tenant's jobs while its account is migrated; its jobs stay queued.
+//! admin::pause_group(conn, "billing", "tenant-42").await?;
+//! // ...
+//! admin::resume_group(conn, "billing", "tenant-42").await?;
+//!
+//! // Put the tenant's failed jobs back, in their original order.
+//! admin::retry_failed(conn, "billing", Some("tenant-42")).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod inspect;
+mod ops;
+mod status;
+mod time;
+
+pub use inspect::{
+    groups, job, jobs, AttemptInfo, GroupInfo, GroupQuery, GroupState, JobDetail, JobQuery,
+    JobStateFilter, JobStatus, JobSummary,
+};
+pub use ops::{
+    cancel_job, clean_groups, pause_group, pause_queue, purge, purge_batch, resume_group,
+    resume_queue, retry_failed, retry_jobs, set_failure_policy, skip_head, FailurePolicy,
+    FinishedState, Retried, RetryResult, PURGE_BATCH,
+};
+pub use status::{
+    gauges, queue_status, queues, status, BlockedGroups, Count, GroupBacklog, QueueGauges,
+    QueueStatus, COUNT_CAP, RUNNER_ALIVE,
+};
+pub use time::{human, rfc3339};
