@@ -326,10 +326,16 @@ $$;
 -- order. The commit does not wait for the WAL flush: if the server crashes,
 -- the wake rows come back with the promotion.
 --
--- A paused group stays idle (resuming wakes it again). A held group (head
--- failed, ready_at NULL) is left alone. An active group is woken only by an
--- operator's retry: if it now has a queued job older than its head (and no
--- job runs, or the lock would have been skipped), that job becomes the head.
+-- A paused group stays idle (resuming wakes it again). A held group (its
+-- failed head, ready_at NULL, in a queue whose policy is 'hold') is left
+-- alone; one whose queue went back to 'continue', or whose head an operator
+-- retried, is released. An active group whose head has not started yet gets
+-- an older queued job as its head if one became visible (an enqueuer that
+-- committed late, an operator's retry); a head that started keeps its place.
+--
+-- Returns the wake rows it handled; rows of groups it found locked (a job
+-- runs) are put back and not counted, so a caller that promotes until
+-- nothing is left does not spin on them.
 CREATE FUNCTION pgfifo.promote(p_queues text[], p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 -- Short queries on small tables: compiling them would cost 100x running them.
@@ -352,7 +358,6 @@ BEGIN
             RETURNING queue, group_id)
         SELECT queue, group_id, count(*) AS n FROM taken GROUP BY 1, 2 ORDER BY 1, 2
     LOOP
-        v_taken := v_taken + v_wake.n;
         INSERT INTO pgfifo.queue_group (queue, group_id, slot)
         VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_hash(v_wake.queue, v_wake.group_id))
         ON CONFLICT (queue, group_id) DO NOTHING;
@@ -363,14 +368,35 @@ BEGIN
             INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_wake.queue, v_wake.group_id);
             CONTINUE;
         END IF;
-        CONTINUE WHEN v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL; -- held
+        v_taken := v_taken + v_wake.n;
+        IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
+            -- Held: stays so while its head is failed and its queue holds.
+            CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                  WHERE j.id = v_group.head_id AND j.state = 'failed')
+                      AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                                  WHERE s.queue = v_wake.queue AND s.failure_policy = 'hold');
+        END IF;
         CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
                               WHERE p.queue = v_wake.queue AND p.group_id = v_wake.group_id);
         SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
         WHERE j.queue = v_wake.queue AND j.group_id = v_wake.group_id AND j.state = 'queued'
         ORDER BY j.id LIMIT 1;
-        CONTINUE WHEN NOT FOUND;
-        CONTINUE WHEN v_next.id >= v_group.head_id; -- active, head already the oldest
+        IF NOT FOUND THEN
+            IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
+                -- A released held group with nothing behind its head: idle.
+                -- (Enqueuers see a held group as inactive and always wake
+                -- it, so declaring it idle misses none of them.)
+                UPDATE pgfifo.queue_group SET head_id = NULL, idle_since = now()
+                WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF v_group.ready_at IS NOT NULL THEN
+            -- Active: only an older job, and only before the head started.
+            CONTINUE WHEN v_next.id >= v_group.head_id;
+            CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
+                                  WHERE a.job_id = v_group.head_id);
+        END IF;
         UPDATE pgfifo.queue_group
         SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after,
             idle_since = NULL
@@ -566,22 +592,41 @@ BEGIN
                                 -- It changed since the candidate read (went idle, or
                                 -- its head is now waiting for a retry), or it is
                                 -- paused: park it (idle until resumed; its jobs
-                                -- stay queued). This lock lasts until T ends:
-                                -- return at once, and the caller commits and
-                                -- picks again.
-                                UPDATE pgfifo.queue_group AS g
-                                SET head_id = NULL, ready_at = NULL, idle_since = v_now
-                                WHERE g.queue = v_q AND g.group_id = v_group.group_id
-                                  AND g.ready_at IS NOT NULL
-                                  AND EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
-                                              WHERE p.queue = v_q AND p.group_id = v_group.group_id);
+                                -- stay queued). Parking declares the group idle,
+                                -- so it follows advance_head's protocol: only
+                                -- with the group's advisory lock (no enqueuer in
+                                -- flight, whose job resume's promote would not
+                                -- see), else try again in a moment. This lock
+                                -- lasts until T ends: return at once, and the
+                                -- caller commits and picks again.
+                                IF v_group.ready_at IS NOT NULL AND v_group.ready_at <= v_now
+                                   AND v_group.head_id IS NOT NULL THEN
+                                    IF pg_try_advisory_xact_lock(1885824614,
+                                                                 pgfifo.group_lock_key(v_q, v_group.group_id)) THEN
+                                        UPDATE pgfifo.queue_group AS g
+                                        SET head_id = NULL, ready_at = NULL, idle_since = v_now
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                    ELSE
+                                        UPDATE pgfifo.queue_group AS g
+                                        SET ready_at = v_now + interval '50 milliseconds'
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                    END IF;
+                                END IF;
                                 RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
                                                     NULL::jsonb, NULL::integer, v_group.slot;
                                 RETURN;
                             END IF;
                             SELECT * INTO v_job FROM pgfifo.job AS j
                             WHERE j.id = v_group.head_id AND j.state = 'queued'
-                            FOR UPDATE;
+                            FOR UPDATE SKIP LOCKED;
+                            IF NOT FOUND AND EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                                     WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
+                                -- Locked by an operator's transaction (never by a
+                                -- runner without the group): leave the group to it.
+                                RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                    NULL::jsonb, NULL::integer, v_group.slot;
+                                RETURN;
+                            END IF;
                             IF NOT FOUND THEN
                                 -- The head was finished or deleted out of band.
                                 -- Repair the pointer; the row stays locked until T
@@ -592,7 +637,7 @@ BEGIN
                                 JOIN pgfifo.job AS j ON j.id = g.head_id
                                 WHERE g.queue = v_group.queue AND g.group_id = v_group.group_id
                                   AND g.ready_at <= v_now AND j.state = 'queued'
-                                FOR UPDATE OF j;
+                                FOR UPDATE OF j SKIP LOCKED;
                                 IF NOT FOUND THEN
                                     RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
                                                         NULL::jsonb, NULL::integer, v_group.slot;

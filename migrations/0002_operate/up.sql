@@ -5,6 +5,20 @@
 -- locked has a job running (or being picked), and the function either works
 -- around it or reports it.
 
+-- The operations below that change a group's head look for the group's jobs
+-- again after taking its locks, as advance_head does: each statement needs a
+-- fresh snapshot, which READ COMMITTED gives and REPEATABLE READ does not.
+CREATE FUNCTION pgfifo.require_read_committed(p_what text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgfifo %: needs READ COMMITTED isolation (found %)',
+            p_what, current_setting('transaction_isolation');
+    END IF;
+END
+$$;
+
 -- Puts failed jobs back in their queues: each becomes queued again with a
 -- fresh budget of max_attempts, and runs next in its group (ids keep the
 -- original order: a retried job comes before every job enqueued after it).
@@ -14,8 +28,11 @@
 --
 -- The group's head is moved to the retried job at once when the group row is
 -- free. When it is locked, a job of the group is running: its completion
--- advances the head to the oldest queued job, which is the retried one; a
--- wake row makes promote check again in case the holder was not a job.
+-- advances the head to the oldest queued job (usually the retried one; a
+-- completion whose snapshot predates the retry takes the next); a wake row
+-- makes promote check again once the row is free. A held group is released
+-- only if its failed head is among the retried jobs: other retried jobs of it
+-- wait behind the held head, in order.
 CREATE FUNCTION pgfifo.retry_jobs(p_ids bigint[])
 RETURNS TABLE (id bigint, result text)
 LANGUAGE plpgsql
@@ -27,6 +44,7 @@ DECLARE
     v_head    record;
     v_next    record;
 BEGIN
+    PERFORM pgfifo.require_read_committed('retry');
     FOR v_job IN
         SELECT j.id, j.queue, j.unique_key FROM pgfifo.job AS j
         WHERE j.id = ANY (p_ids) AND j.state = 'failed'
@@ -42,11 +60,19 @@ BEGIN
             RETURN NEXT;
             CONTINUE;
         END IF;
-        UPDATE pgfifo.job AS j
-        SET state = 'queued', run_after = now(), finished_at = NULL,
-            attempt_base = greatest(j.attempts,
-                coalesce((SELECT max(a.attempt) FROM pgfifo.job_attempt AS a WHERE a.job_id = j.id), 0))
-        WHERE j.id = v_job.id;
+        BEGIN
+            UPDATE pgfifo.job AS j
+            SET state = 'queued', run_after = now(), finished_at = NULL,
+                attempt_base = greatest(j.attempts,
+                    coalesce((SELECT max(a.attempt) FROM pgfifo.job_attempt AS a WHERE a.job_id = j.id), 0))
+            WHERE j.id = v_job.id;
+        EXCEPTION WHEN unique_violation THEN
+            -- An enqueue of the same key committed meanwhile.
+            id := v_job.id;
+            result := 'unique_key_taken';
+            RETURN NEXT;
+            CONTINUE;
+        END;
         v_retried := v_retried || v_job.id;
         id := v_job.id;
         result := 'retried';
@@ -80,7 +106,11 @@ BEGIN
         SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
         WHERE j.queue = v_group.queue AND j.group_id = v_group.group_id AND j.state = 'queued'
         ORDER BY j.id LIMIT 1;
-        -- Idle, held (its failed head is no longer queued), or behind the retried job.
+        IF v_head.head_id IS NOT NULL AND v_head.ready_at IS NULL
+           AND NOT v_head.head_id = ANY (v_retried) THEN
+            CONTINUE; -- held at a job not retried: the retried ones wait behind it
+        END IF;
+        -- Idle, held at a retried job, or behind the retried job.
         IF v_head.head_id IS NULL OR v_head.ready_at IS NULL OR v_next.id < v_head.head_id THEN
             UPDATE pgfifo.queue_group
             SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after,
@@ -106,6 +136,7 @@ DECLARE
     v_head  bigint;
     v_held  boolean := false;
 BEGIN
+    PERFORM pgfifo.require_read_committed('cancel');
     SELECT j.queue, j.group_id, j.state INTO v_job FROM pgfifo.job AS j WHERE j.id = p_id;
     IF NOT FOUND THEN
         RETURN 'missing';
@@ -153,9 +184,12 @@ CREATE FUNCTION pgfifo.skip_head(p_queue text, p_group text, p_reason text) RETU
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_head bigint;
+    v_head    bigint;
+    v_ready   timestamptz;
+    v_skipped integer;
 BEGIN
-    SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
+    PERFORM pgfifo.require_read_committed('skip-head');
+    SELECT g.head_id, g.ready_at INTO v_head, v_ready FROM pgfifo.queue_group AS g
     WHERE g.queue = p_queue AND g.group_id = p_group
     FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
@@ -173,10 +207,13 @@ BEGIN
     SET state = 'failed',
         finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END,
         last_error = coalesce(p_reason, last_error)
-    WHERE id = v_head AND state IN ('queued', 'failed');
+    WHERE id = v_head AND (state = 'queued' OR (state = 'failed' AND v_ready IS NULL));
+    GET DIAGNOSTICS v_skipped = ROW_COUNT;
     PERFORM pgfifo.advance_head(p_queue, p_group, v_head);
     PERFORM pg_notify('pgfifo', p_queue);
-    RETURN v_head;
+    -- A head left pointing at a job that finished (see advance_head) was
+    -- only repaired, not skipped.
+    RETURN CASE WHEN v_skipped > 0 THEN v_head END;
 END
 $$;
 
@@ -226,27 +263,22 @@ END
 $$;
 
 -- Sets a queue's failure policy. Switching to 'continue' releases the groups
--- that are held: each goes on past its failed head. Returns the number of
--- groups released.
+-- that are held: each is woken, and promote (which releases held groups of a
+-- 'continue' queue) lets it go on past its failed head; nothing here waits
+-- for a group row. Returns the number of groups released.
 CREATE FUNCTION pgfifo.set_failure_policy(p_queue text, p_policy text) RETURNS integer
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_group    record;
     v_released integer := 0;
 BEGIN
     INSERT INTO pgfifo.queue_setting AS s (queue, failure_policy) VALUES (p_queue, p_policy)
     ON CONFLICT (queue) DO UPDATE SET failure_policy = p_policy, updated_at = now();
     IF p_policy = 'continue' THEN
-        FOR v_group IN
-            SELECT g.group_id, g.head_id FROM pgfifo.queue_group AS g
-            WHERE g.queue = p_queue AND g.ready_at IS NULL AND g.head_id IS NOT NULL
-            ORDER BY g.group_id
-            FOR UPDATE SKIP LOCKED
-        LOOP
-            PERFORM pgfifo.advance_head(p_queue, v_group.group_id, v_group.head_id);
-            v_released := v_released + 1;
-        END LOOP;
+        INSERT INTO pgfifo.group_wake (queue, group_id)
+        SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
+        WHERE g.queue = p_queue AND g.ready_at IS NULL AND g.head_id IS NOT NULL;
+        GET DIAGNOSTICS v_released = ROW_COUNT;
         PERFORM pg_notify('pgfifo', p_queue);
     END IF;
     RETURN v_released;
@@ -257,10 +289,13 @@ $$;
 -- their attempt records, walking the table in id order from p_after_id and
 -- looking at p_limit rows at most: short transactions, resumable. A job that
 -- is still some group's head (a held failed head) is kept. Returns how many
--- were deleted, the last id looked at, and whether the walk is over (the end
--- of the table, or jobs created after p_before, which cannot qualify).
+-- were deleted, the last id looked at, whether the walk is over (the end of
+-- the table, or jobs created after p_before, which cannot qualify), and the
+-- first id looked at that a later walk may still have to delete (unfinished,
+-- or finished too recently, or kept as a head): a caller that walks again
+-- can start there instead of at the beginning.
 CREATE FUNCTION pgfifo.purge_jobs(p_before timestamptz, p_states text[], p_after_id bigint, p_limit integer)
-RETURNS TABLE (deleted bigint, last_id bigint, done boolean)
+RETURNS TABLE (deleted bigint, last_id bigint, done boolean, first_pending bigint)
 LANGUAGE sql
 BEGIN ATOMIC
     WITH scanned AS (
@@ -281,7 +316,10 @@ BEGIN ATOMIC
         DELETE FROM pgfifo.job_attempt AS a USING doomed AS d WHERE a.job_id = d.id)
     SELECT (SELECT count(*) FROM doomed),
            coalesce((SELECT max(s.id) FROM scanned AS s), p_after_id),
-           (SELECT count(*) < p_limit OR bool_or(s.created_at >= p_before) FROM scanned AS s);
+           (SELECT count(*) < p_limit OR bool_or(s.created_at >= p_before) FROM scanned AS s),
+           (SELECT min(s.id) FROM scanned AS s
+            WHERE s.state = 'queued'
+               OR (s.state = ANY (p_states) AND s.id NOT IN (SELECT d.id FROM doomed AS d)));
 END;
 
 -- Deletes queue_group rows idle since before p_before (at most p_limit), for

@@ -216,7 +216,7 @@ async fn purge_deletes_old_finished_jobs_with_their_attempts_only() {
     // Succeeded and cancelled, in batches of two.
     let (mut deleted, mut after, mut batches) = (0, 0, 0);
     loop {
-        let (n, last, done) = admin::purge_batch(
+        let batch = admin::purge_batch(
             &mut conn,
             HOUR,
             &[FinishedState::Succeeded, FinishedState::Cancelled],
@@ -225,8 +225,8 @@ async fn purge_deletes_old_finished_jobs_with_their_attempts_only() {
         )
         .await
         .unwrap();
-        (deleted, after, batches) = (deleted + n, last, batches + 1);
-        if done {
+        (deleted, after, batches) = (deleted + batch.deleted, batch.last_id, batches + 1);
+        if batch.done {
             break;
         }
         assert!(batches < 50, "the purge walk does not end");
@@ -311,4 +311,42 @@ async fn clean_groups_deletes_long_idle_groups_which_come_back_with_a_job() {
     assert_eq!(fx.run_order("old").await, "0:1,1:1");
     assert_eq!(fx.group_info("old").await.state, GroupState::Idle);
     assert_eq!(admin::clean_groups(&mut conn, HOUR, 100).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_batch_reports_the_first_job_a_later_walk_must_see_again() {
+    let fx = Fx::new().await;
+    // In id order: old succeeded, queued, old failed (kept by this walk for
+    // good), recent succeeded, old succeeded.
+    fx.exec(
+        "INSERT INTO pgfifo.job (queue, kind, payload, max_attempts, state, created_at, finished_at)
+         SELECT 'purge-mark', 'k', '{}', 1, t.state, now() - interval '4 hours',
+                CASE WHEN t.state <> 'queued' THEN now() - t.age::interval END
+         FROM (VALUES (1, 'succeeded', '3 hours'), (2, 'queued', '0 hours'),
+                      (3, 'failed', '3 hours'), (4, 'succeeded', '0 hours'),
+                      (5, 'succeeded', '3 hours')) AS t(n, state, age)
+         ORDER BY t.n",
+    )
+    .await;
+    let first = fx
+        .scalar("SELECT min(id) FROM pgfifo.job WHERE queue = 'purge-mark'")
+        .await;
+    let mut conn = fx.conn().await;
+    let batch = admin::purge_batch(&mut conn, HOUR, &[FinishedState::Succeeded], first - 1, 100)
+        .await
+        .unwrap();
+    assert_eq!(batch.deleted, 2, "the two old succeeded jobs");
+    assert!(batch.done);
+    assert_eq!(batch.last_id, first + 4);
+    assert_eq!(
+        batch.first_pending,
+        Some(first + 1),
+        "the queued job is the first one a later walk must look at again"
+    );
+    let left = fx
+        .text(
+            "SELECT string_agg(state, ',' ORDER BY id) FROM pgfifo.job WHERE queue = 'purge-mark'",
+        )
+        .await;
+    assert_eq!(left.as_deref(), Some("queued,failed,succeeded"));
 }

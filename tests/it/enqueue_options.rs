@@ -214,6 +214,11 @@ async fn priority_picks_the_group_not_the_order_inside_it() {
         100
     );
     drop(conn);
+    // Make the groups active before the runner starts, as one promotion:
+    // otherwise a lane may find a group activated before the others (the
+    // runner's listener and its lanes promote concurrently) and run it first.
+    db.scalar("SELECT pgfifo.promote(ARRAY(SELECT DISTINCT queue FROM pgfifo.group_wake), 100)")
+        .await;
 
     let runner = db.start_runner(test_config().concurrency(1)).await;
     db.wait_for(

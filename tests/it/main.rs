@@ -33,6 +33,7 @@ mod multiprocess;
 mod admin_ops;
 mod admin_pause;
 mod admin_policy;
+mod admin_races;
 mod admin_retry;
 mod admin_status;
 mod admin_support;

@@ -2,7 +2,9 @@
 //! command-line tool.
 //!
 //! Every function takes a plain connection and runs in its own short
-//! transaction (or the caller's, if one is open). None waits for a running
+//! transaction (or the caller's, if one is open: it must be READ COMMITTED,
+//! PostgreSQL's default, as the operations that change a group look at its
+//! jobs again after taking its locks). None waits for a running
 //! job: an operation that would have to (cancelling a running job, skipping
 //! a running head) fails with [`Error::JobRunning`](crate::Error::JobRunning)
 //! or [`Error::GroupBusy`](crate::Error::GroupBusy) and changes nothing.
@@ -45,7 +47,7 @@ pub use inspect::{
 pub use ops::{
     cancel_job, clean_groups, pause_group, pause_queue, purge, purge_batch, resume_group,
     resume_queue, retry_failed, retry_jobs, set_failure_policy, skip_head, FailurePolicy,
-    FinishedState, Retried, RetryResult, PURGE_BATCH,
+    FinishedState, PurgeBatch, Retried, RetryResult, PURGE_BATCH,
 };
 pub use status::{
     gauges, queue_status, queues, status, BlockedGroups, Count, GroupBacklog, QueueGauges,

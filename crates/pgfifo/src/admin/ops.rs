@@ -99,9 +99,11 @@ fn retry_report(rows: Vec<RetryRow>) -> Vec<Retried> {
 }
 
 /// Puts failed jobs back in their queues, each with a fresh budget of its
-/// `max_attempts`. A retried job runs next in its group: before every job
-/// enqueued after it (ids keep the original order), after the job running now
-/// if there is one. Retrying the failed head of a held group releases it.
+/// `max_attempts`. A retried job runs before every job enqueued after it
+/// (ids keep the original order); if a job of its group is running now, it
+/// runs after that one (usually right after). Retrying the failed head of a
+/// held group releases it; other retried jobs of a held group wait behind
+/// its head, in order.
 ///
 /// Returns one line per distinct id, in id order; ids that were not failed
 /// are reported and left alone.
@@ -375,20 +377,37 @@ struct PurgeRow {
     last_id: i64,
     #[diesel(sql_type = Bool)]
     done: bool,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    first_pending: Option<i64>,
+}
+
+/// What one [`purge_batch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeBatch {
+    /// Jobs deleted.
+    pub deleted: u64,
+    /// The last id looked at: where the next batch continues.
+    pub last_id: JobId,
+    /// Whether the walk is over (end of the table, or jobs too young to
+    /// qualify).
+    pub done: bool,
+    /// The first id looked at that a later walk may still have to delete
+    /// (unfinished, finished too recently, or kept as a held head); a walk
+    /// that starts again can start just before it.
+    pub first_pending: Option<JobId>,
 }
 
 /// One batch of a purge: deletes jobs in `states` that finished more than
 /// `older_than` ago among the `batch` jobs after `after_id` (in id order),
-/// with their attempt records, in one short transaction. Returns how many
-/// were deleted, the id to continue after, and whether the walk is over.
-/// [`purge`] loops over it; the runner's retention does too, with pauses.
+/// with their attempt records, in one short transaction. [`purge`] loops
+/// over it; the runner's retention does too, with pauses.
 pub async fn purge_batch(
     conn: &mut AsyncPgConnection,
     older_than: Duration,
     states: &[FinishedState],
     after_id: JobId,
     batch: i32,
-) -> Result<(u64, JobId, bool)> {
+) -> Result<PurgeBatch> {
     if batch < 1 {
         return Err(Error::InvalidArgument(format!(
             "purge batch size must be at least 1 (got {batch})"
@@ -396,7 +415,7 @@ pub async fn purge_batch(
     }
     let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
     let row: PurgeRow = diesel::sql_query(
-        "SELECT deleted, last_id, done FROM pgfifo.purge_jobs(
+        "SELECT deleted, last_id, done, first_pending FROM pgfifo.purge_jobs(
              now() - make_interval(secs => $1), $2, $3, $4)",
     )
     .bind::<Double, _>(older_than.as_secs_f64())
@@ -405,7 +424,12 @@ pub async fn purge_batch(
     .bind::<Integer, _>(batch)
     .get_result(conn)
     .await?;
-    Ok((row.deleted.unsigned_abs(), row.last_id, row.done))
+    Ok(PurgeBatch {
+        deleted: row.deleted.unsigned_abs(),
+        last_id: row.last_id,
+        done: row.done,
+        first_pending: row.first_pending,
+    })
 }
 
 /// Deletes jobs in `states` that finished more than `older_than` ago, with
@@ -419,11 +443,10 @@ pub async fn purge(
     let mut total = 0;
     let mut after = 0;
     loop {
-        let (deleted, last, done) =
-            purge_batch(conn, older_than, states, after, PURGE_BATCH).await?;
-        total += deleted;
-        after = last;
-        if done {
+        let batch = purge_batch(conn, older_than, states, after, PURGE_BATCH).await?;
+        total += batch.deleted;
+        after = batch.last_id;
+        if batch.done {
             return Ok(total);
         }
     }

@@ -38,7 +38,10 @@ use crate::{Error, Result};
 /// A pass walks the job table in id order, [`batch_size`](Self::batch_size)
 /// rows per short transaction, with a pause between batches so it never
 /// competes with the jobs for long; it stops early when the runner shuts
-/// down. A group's current head is never deleted.
+/// down. A group's current head is never deleted. The next pass starts at
+/// the first job the previous one had to leave that may still qualify
+/// (unfinished or too recent), so kept history (failed jobs) is not read
+/// over and over; every 6 hours a pass starts from the first job again.
 ///
 /// ```
 /// use std::time::Duration;
@@ -153,6 +156,8 @@ impl Retention {
 const RETENTION_LOCK: i64 = crate::migrate::ADVISORY_KEY_BASE + 2;
 /// The pause between two batches of a retention pass.
 const BATCH_PAUSE: Duration = Duration::from_millis(50);
+/// How often a purge walk starts again from the first job (see [`Resume`]).
+const FULL_WALK_EVERY: Duration = Duration::from_secs(6 * 3600);
 /// The first retention pass runs within this long of the start.
 const FIRST_PASS_WITHIN: Duration = Duration::from_secs(10);
 /// A runner row without a heartbeat for this long is deleted by the next
@@ -318,6 +323,7 @@ pub(super) async fn sample_gauges(
 /// Runs retention passes until the runner starts shutting down.
 pub(super) async fn retention(shared: Arc<Shared>, retention: Retention) {
     let mut complaints = Complaints::new("retention");
+    let mut resume = Resume::default();
     let mut wait = retention
         .interval
         .min(FIRST_PASS_WITHIN)
@@ -329,7 +335,7 @@ pub(super) async fn retention(shared: Arc<Shared>, retention: Retention) {
         }
         let started = Instant::now();
         let mut deleted = Deleted::default();
-        let pass = retention_pass(&shared, &retention, &mut deleted).await;
+        let pass = retention_pass(&shared, &retention, &mut resume, &mut deleted).await;
         let completed = complaints.report(pass);
         if deleted.jobs > 0 || deleted.groups > 0 {
             tracing::info!(
@@ -341,6 +347,31 @@ pub(super) async fn retention(shared: Arc<Shared>, retention: Retention) {
             );
         }
         wait = jittered(retention.interval);
+    }
+}
+
+/// Where each purge walk of the next pass starts. A walk looks again only at
+/// jobs from the first one it had to leave that a later walk may delete
+/// (unfinished, finished too recently, a held head): rows kept for good by
+/// that walk (failed jobs when failed ones are kept) are not read again and
+/// again. Every [`FULL_WALK_EVERY`] a walk starts from the beginning, for
+/// jobs that changed state behind the mark (a failed job retried since).
+#[derive(Debug, Default)]
+struct Resume {
+    after: Vec<i64>,
+    last_full: Option<Instant>,
+}
+
+impl Resume {
+    /// Starts a pass: forgets the marks when a full walk is due.
+    fn begin(&mut self, walks: usize) {
+        let full_due = self
+            .last_full
+            .is_none_or(|at| at.elapsed() >= FULL_WALK_EVERY);
+        if full_due || self.after.len() != walks {
+            self.after = vec![0; walks];
+            self.last_full = Some(Instant::now());
+        }
     }
 }
 
@@ -405,6 +436,7 @@ impl Drop for RetentionLock {
 async fn retention_pass(
     shared: &Shared,
     retention: &Retention,
+    resume: &mut Resume,
     deleted: &mut Deleted,
 ) -> Result<bool> {
     let conn = shared.pool.get_owned().await?;
@@ -413,8 +445,18 @@ async fn retention_pass(
         return Ok(false);
     };
     let mut complete = true;
-    for (age, states) in retention.walks() {
-        complete &= purge_walk(shared, lock.conn(), retention, age, &states, deleted).await?;
+    let walks = retention.walks();
+    resume.begin(walks.len());
+    for (i, (age, states)) in walks.into_iter().enumerate() {
+        let walk = Walk {
+            age,
+            states: &states,
+            after: resume.after[i],
+        };
+        match purge_walk(shared, lock.conn(), retention, walk, deleted).await? {
+            Some(next) => resume.after[i] = next,
+            None => complete = false,
+        }
     }
     if let Some(idle) = retention.idle_groups_after.filter(|_| complete) {
         complete &= clean_groups(shared, lock.conn(), retention, idle, deleted).await?;
@@ -423,28 +465,38 @@ async fn retention_pass(
     Ok(complete)
 }
 
-/// Deletes jobs in `states` older than `age`, batch by batch in id order.
-/// `Ok(false)`: cut short by shutdown.
+/// One purge walk: jobs in `states` older than `age`, from after `after`.
+struct Walk<'a> {
+    age: Duration,
+    states: &'a [FinishedState],
+    after: i64,
+}
+
+/// Deletes the jobs of `walk`, batch by batch in id order. Returns where
+/// the next walk may start, or `None` when cut short by shutdown.
 async fn purge_walk(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     retention: &Retention,
-    age: Duration,
-    states: &[FinishedState],
+    walk: Walk<'_>,
     deleted: &mut Deleted,
-) -> Result<bool> {
-    let mut after = 0;
+) -> Result<Option<i64>> {
+    let mut after = walk.after;
+    let mut first_pending: Option<i64> = None;
     loop {
-        let (n, last, done) =
-            admin::purge_batch(conn, age, states, after, retention.batch_size).await?;
-        deleted.jobs += n;
-        shared.metrics.retained(n, 0);
-        after = last;
-        if done {
-            return Ok(true);
+        let batch =
+            admin::purge_batch(conn, walk.age, walk.states, after, retention.batch_size).await?;
+        deleted.jobs += batch.deleted;
+        shared.metrics.retained(batch.deleted, 0);
+        after = batch.last_id;
+        first_pending = first_pending.or(batch.first_pending);
+        if batch.done {
+            // Everything before the first pending job is deleted or kept for
+            // good by this walk; with nothing pending, everything looked at.
+            return Ok(Some(first_pending.map_or(after, |id| id - 1)));
         }
         if !pause(shared).await {
-            return Ok(false);
+            return Ok(None);
         }
     }
 }
