@@ -385,7 +385,9 @@ async fn ensure_template() -> String {
         admin
             .batch_execute(&format!(
                 "ALTER DATABASE \"{building}\" RENAME TO \"{template}\"; \
-                 ALTER DATABASE \"{template}\" WITH IS_TEMPLATE true"
+                 ALTER DATABASE \"{template}\" WITH IS_TEMPLATE true; \
+                 COMMENT ON DATABASE \"{template}\" IS 'pgfifo test template created {}'",
+                epoch_secs()
             ))
             .await
             .expect("publish the template");
@@ -397,32 +399,47 @@ async fn ensure_template() -> String {
     template
 }
 
+fn epoch_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
 /// Drops test databases left by failed runs more than a day ago, and
-/// templates of older schema versions.
+/// templates of other schema versions made more than an hour ago (a test
+/// run of another checkout may still be cloning a younger one).
 async fn sweep_stale(admin: &mut AsyncPgConnection) {
     #[derive(QueryableByName)]
     struct Name {
         #[diesel(sql_type = Text)]
         datname: String,
+        #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+        comment: Option<String>,
     }
     let names: Vec<Name> = diesel::sql_query(
-        "SELECT datname::text AS datname FROM pg_database WHERE datname LIKE 'pgfifo\\_te%'",
+        "SELECT datname::text AS datname, shobj_description(oid, 'pg_database') AS comment
+         FROM pg_database WHERE datname LIKE 'pgfifo\\_te%'",
     )
     .load(admin)
     .await
     .unwrap_or_default();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    for Name { datname } in names {
+    let now = epoch_secs();
+    let older_than = |created: Option<u64>, secs: u64| {
+        created.is_none_or(|created| now.saturating_sub(created) > secs)
+    };
+    for Name { datname, comment } in names {
         let stale = if let Some(rest) = datname.strip_prefix("pgfifo_test_") {
-            rest.split('_')
-                .next()
-                .and_then(|s| s.parse::<u64>().ok())
-                .is_some_and(|created| now.saturating_sub(created) > 86_400)
+            let created = rest.split('_').next().and_then(|s| s.parse::<u64>().ok());
+            created.is_some() && older_than(created, 86_400)
+        } else if datname.starts_with("pgfifo_template_") {
+            let created = comment
+                .as_deref()
+                .and_then(|c| c.rsplit(' ').next())
+                .and_then(|s| s.parse::<u64>().ok());
+            older_than(created, 3_600)
         } else {
-            datname.starts_with("pgfifo_template_")
+            false
         };
         if stale {
             let _ = admin
