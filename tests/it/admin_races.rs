@@ -27,6 +27,18 @@ async fn head(fx: &Fx, group: &str) -> (Option<JobId>, bool) {
     (id.parse().ok(), active == "true")
 }
 
+/// One pick in a job transaction, committed at once, as a lane's empty or
+/// parking pick would be.
+async fn pick(conn: &mut AsyncPgConnection) {
+    conn.batch_execute(&format!(
+        "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true);
+         SELECT * FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000);
+         COMMIT;"
+    ))
+    .await
+    .unwrap();
+}
+
 /// A session that holds the group's row, as a runner running its job does.
 async fn hold_group_row(fx: &Fx, group: &str) -> AsyncPgConnection {
     let mut conn = fx.direct().await;
@@ -110,14 +122,7 @@ async fn a_group_is_not_parked_while_an_enqueuer_of_it_is_in_flight() {
         .unwrap();
     // A pick finds the group paused but may not declare it idle now.
     let mut picker = fx.direct().await;
-    picker
-        .batch_execute(&format!(
-            "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true);
-             SELECT * FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000);
-             COMMIT;"
-        ))
-        .await
-        .unwrap();
+    pick(&mut picker).await;
     assert_eq!(
         head(&fx, "p").await,
         (Some(first), true),
@@ -127,14 +132,7 @@ async fn a_group_is_not_parked_while_an_enqueuer_of_it_is_in_flight() {
     // Later, with no enqueuer in flight, the pick parks it.
     fx.exec("UPDATE pgfifo.queue_group SET ready_at = now() - interval '1 second'")
         .await;
-    picker
-        .batch_execute(&format!(
-            "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true);
-             SELECT * FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000);
-             COMMIT;"
-        ))
-        .await
-        .unwrap();
+    pick(&mut picker).await;
     assert_eq!(head(&fx, "p").await, (None, false), "parked");
     admin::resume_group(&mut conn, QUEUE, "p").await.unwrap();
     promote(&fx).await;

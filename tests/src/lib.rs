@@ -256,27 +256,33 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("test failed: database {} kept for inspection", self.name);
-            return;
-        }
-        let name = self.name.clone();
-        // Drop from a thread of its own: Drop cannot await, and the test's
-        // runtime may be shutting down.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                let mut admin = admin().await;
+        drop_unless_failed(&self.name);
+    }
+}
+
+/// Drops database `name` at the end of a test that passed; keeps it (and
+/// says so) when the test failed. From a thread of its own: Drop cannot
+/// await, and the test's runtime may be shutting down.
+fn drop_unless_failed(name: &str) {
+    if std::thread::panicking() {
+        eprintln!("test failed: database {name} kept for inspection");
+        return;
+    }
+    let name = name.to_owned();
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            if let Ok(mut admin) = AsyncPgConnection::establish(&server_url()).await {
                 let _ = admin
                     .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                     .await;
-            });
-        })
-        .join();
-    }
+            }
+        });
+    })
+    .join();
 }
 
 /// `ids` as a SQL list, for `id IN (…)` (`NULL` when empty, which matches
@@ -499,25 +505,7 @@ impl FreshDb {
 
 impl Drop for FreshDb {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("test failed: database {} kept for inspection", self.name);
-            return;
-        }
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut admin) = AsyncPgConnection::establish(&server_url()).await {
-                    let _ = admin
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        drop_unless_failed(&self.name);
     }
 }
 
