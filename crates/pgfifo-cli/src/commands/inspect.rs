@@ -153,8 +153,8 @@ fn render_job(job: &JobDetail) -> String {
             table.row(vec![
                 a.attempt.to_string(),
                 a.runner.clone(),
-                a.started_at.clone(),
-                or_dash(a.finished_at.as_deref()),
+                time(a.started_at),
+                or_dash(a.finished_at.map(time)),
                 a.error
                     .as_deref()
                     .map_or_else(String::new, |e| one_line(e, ERROR_WIDTH)),

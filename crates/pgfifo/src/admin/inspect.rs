@@ -331,23 +331,34 @@ pub struct JobDetail {
 }
 
 /// One recorded attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, QueryableByName)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AttemptInfo {
     /// Its number, from 1.
-    #[diesel(sql_type = Integer)]
     pub attempt: i32,
     /// The runner that made it.
-    #[diesel(sql_type = Text)]
     pub runner: String,
-    /// When it started (RFC 3339).
-    #[diesel(sql_type = Text)]
-    pub started_at: String,
-    /// When it failed (RFC 3339); successes are not timed here.
-    #[diesel(sql_type = Nullable<Text>)]
-    pub finished_at: Option<String>,
+    /// When it started.
+    #[serde(serialize_with = "ser_time")]
+    pub started_at: SystemTime,
+    /// When it failed; successes are not timed here.
+    #[serde(serialize_with = "ser_opt_time")]
+    pub finished_at: Option<SystemTime>,
     /// Its error.
-    #[diesel(sql_type = Nullable<Text>)]
     pub error: Option<String>,
+}
+
+#[derive(QueryableByName)]
+struct AttemptRow {
+    #[diesel(sql_type = Integer)]
+    attempt: i32,
+    #[diesel(sql_type = Text)]
+    runner: String,
+    #[diesel(sql_type = BigInt)]
+    started_us: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    finished_us: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    error: Option<String>,
 }
 
 #[derive(QueryableByName)]
@@ -503,16 +514,26 @@ pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDe
     else {
         return Ok(None);
     };
-    let attempt_log: Vec<AttemptInfo> = diesel::sql_query(
+    let attempts: Vec<AttemptRow> = diesel::sql_query(
         "SELECT attempt, runner,
-                to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS started_at,
-                to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS finished_at,
+                (extract(epoch FROM started_at) * 1e6)::bigint AS started_us,
+                (extract(epoch FROM finished_at) * 1e6)::bigint AS finished_us,
                 error
          FROM pgfifo.job_attempt WHERE job_id = $1 ORDER BY attempt",
     )
     .bind::<BigInt, _>(id)
     .load(conn)
     .await?;
+    let attempt_log = attempts
+        .into_iter()
+        .map(|a| AttemptInfo {
+            attempt: a.attempt,
+            runner: a.runner,
+            started_at: from_micros(a.started_us),
+            finished_at: a.finished_us.map(from_micros),
+            error: a.error,
+        })
+        .collect();
     Ok(Some(JobDetail {
         summary: row.job.into(),
         payload: row.payload,

@@ -221,6 +221,26 @@ struct SmallCounts {
     queued_est: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     failed_est: Option<i64>,
+    #[diesel(embed)]
+    blocked: BlockedRow,
+}
+
+/// The blocked groups of queue `$1`, as select items (see [`BlockedRow`]);
+/// a macro so that it can be `concat!`ed into the statements that use it.
+macro_rules! blocked_groups_sql {
+    () => {
+        "(SELECT count(*) FROM pgfifo.queue_group AS g
+          WHERE g.queue = $1 AND g.ready_at IS NULL AND g.head_id IS NOT NULL) AS held_groups,
+         (SELECT count(*) FROM pgfifo.group_pause AS p WHERE p.queue = $1) AS paused_groups,
+         (SELECT count(*) FROM pgfifo.queue_group AS g
+          JOIN pgfifo.job AS j ON j.id = g.head_id
+          WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND g.ready_at > now()
+            AND j.state = 'queued' AND j.attempts > 0) AS retrying_groups"
+    };
+}
+
+#[derive(QueryableByName)]
+struct BlockedRow {
     #[diesel(sql_type = BigInt)]
     held_groups: i64,
     #[diesel(sql_type = BigInt)]
@@ -229,8 +249,18 @@ struct SmallCounts {
     retrying_groups: i64,
 }
 
+impl From<BlockedRow> for BlockedGroups {
+    fn from(row: BlockedRow) -> Self {
+        BlockedGroups {
+            paused: row.paused_groups,
+            held: row.held_groups,
+            retrying: row.retrying_groups,
+        }
+    }
+}
+
 async fn small_counts(conn: &mut AsyncPgConnection, queue: &str) -> Result<SmallCounts> {
-    Ok(diesel::sql_query(
+    Ok(diesel::sql_query(concat!(
         "SELECT
              coalesce((SELECT s.paused FROM pgfifo.queue_setting AS s WHERE s.queue = $1), false) AS paused,
              coalesce((SELECT s.failure_policy FROM pgfifo.queue_setting AS s WHERE s.queue = $1),
@@ -247,15 +277,9 @@ async fn small_counts(conn: &mut AsyncPgConnection, queue: &str) -> Result<Small
              pgfifo.estimate_jobs($1, 'succeeded') AS succeeded_est,
              pgfifo.estimate_jobs($1, 'cancelled') AS cancelled_est,
              pgfifo.estimate_jobs($1, 'queued') AS queued_est,
-             pgfifo.estimate_jobs($1, 'failed') AS failed_est,
-             (SELECT count(*) FROM pgfifo.queue_group AS g
-              WHERE g.queue = $1 AND g.ready_at IS NULL AND g.head_id IS NOT NULL) AS held_groups,
-             (SELECT count(*) FROM pgfifo.group_pause AS p WHERE p.queue = $1) AS paused_groups,
-             (SELECT count(*) FROM pgfifo.queue_group AS g
-              JOIN pgfifo.job AS j ON j.id = g.head_id
-              WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND g.ready_at > now()
-                AND j.state = 'queued' AND j.attempts > 0) AS retrying_groups",
-    )
+             pgfifo.estimate_jobs($1, 'failed') AS failed_est,",
+        blocked_groups_sql!()
+    ))
     .bind::<Text, _>(queue)
     .bind::<BigInt, _>(COUNT_CAP)
     .bind::<diesel::sql_types::Double, _>(RUNNER_ALIVE.as_secs_f64())
@@ -335,11 +359,7 @@ pub async fn queue_status(
         succeeded: small.succeeded_est.map(estimate),
         cancelled: small.cancelled_est.map(estimate),
         oldest_queued_age: unfinished.oldest_age_us.map(age_from_micros),
-        blocked_groups: BlockedGroups {
-            paused: small.paused_groups,
-            held: small.held_groups,
-            retrying: small.retrying_groups,
-        },
+        blocked_groups: small.blocked.into(),
         largest_backlogs,
         largest_backlogs_exact: !unfinished.capped,
         runners: small.runners,
@@ -383,29 +403,23 @@ struct GaugeRow {
     depth: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
     lag_us: Option<i64>,
-    #[diesel(sql_type = BigInt)]
-    blocked: i64,
+    #[diesel(embed)]
+    blocked: BlockedRow,
 }
 
 /// Samples the gauges of `queues`: one cheap statement per queue.
 pub async fn gauges(conn: &mut AsyncPgConnection, queues: &[String]) -> Result<Vec<QueueGauges>> {
     let mut out = Vec::with_capacity(queues.len());
     for queue in queues {
-        let row: GaugeRow = diesel::sql_query(
+        let row: GaugeRow = diesel::sql_query(concat!(
             "SELECT
                  (SELECT count(*) FROM (SELECT 1 FROM pgfifo.job AS j
                                         WHERE j.queue = $1 AND j.state = 'queued' LIMIT $2) AS s) AS depth,
                  (SELECT (extract(epoch FROM now() - min(j.created_at)) * 1e6)::bigint
                   FROM pgfifo.queue_group AS g JOIN pgfifo.job AS j ON j.id = g.head_id
-                  WHERE g.queue = $1 AND g.ready_at IS NOT NULL) AS lag_us,
-                 (SELECT count(*) FROM pgfifo.group_pause AS p WHERE p.queue = $1)
-                 + (SELECT count(*) FROM pgfifo.queue_group AS g
-                    WHERE g.queue = $1 AND g.ready_at IS NULL AND g.head_id IS NOT NULL)
-                 + (SELECT count(*) FROM pgfifo.queue_group AS g
-                    JOIN pgfifo.job AS j ON j.id = g.head_id
-                    WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND g.ready_at > now()
-                      AND j.state = 'queued' AND j.attempts > 0) AS blocked",
-        )
+                  WHERE g.queue = $1 AND g.ready_at IS NOT NULL) AS lag_us,",
+            blocked_groups_sql!()
+        ))
         .bind::<Text, _>(queue)
         .bind::<BigInt, _>(COUNT_CAP)
         .get_result(conn)
@@ -414,7 +428,7 @@ pub async fn gauges(conn: &mut AsyncPgConnection, queues: &[String]) -> Result<V
             queue: queue.clone(),
             depth: row.depth,
             oldest_head_age: row.lag_us.map(age_from_micros),
-            blocked_groups: row.blocked,
+            blocked_groups: BlockedGroups::from(row.blocked).total(),
         });
     }
     Ok(out)
