@@ -467,15 +467,17 @@ BEGIN
 END
 $$;
 
--- Picks one job to run and locks it. Called as the first statement of the
--- runner's job transaction T, after BEGIN.
+-- Picks up to p_limit jobs to run, of different groups, and locks them.
+-- Called as the first statement of the runner's job transaction T, after
+-- BEGIN. The jobs then run one after another in T (each handler in its own
+-- savepoint; see the runner's execute module for when several share T).
 --
--- Locking contract: when a row with a job id is returned, T holds
+-- Locking contract: for every row with a job id returned, T holds
 --   * FOR UPDATE on the job's queue_group row (grouped jobs): no other runner
 --     can pick any job of the group until T ends;
 --   * FOR UPDATE on the job row;
--- until T commits (outcome written) or aborts (crash, lost connection,
--- shutdown, idle timeout): then the job is still the group's head and runs
+-- until T commits (outcomes written) or aborts (crash, lost connection,
+-- shutdown, idle timeout): then each job is still its group's head and runs
 -- again.
 --
 -- The group row is locked first, SKIP LOCKED. Under READ COMMITTED, locking
@@ -486,31 +488,37 @@ $$;
 -- table in the same statement as the group lock would use a snapshot that can
 -- predate the commit of the job that freed the group, and run it twice.
 --
--- Which group: the highest priority first; within a priority, the first free
--- ready group at or after slot p_slot, wrapping around. Each worker passes the
--- slot after the one it served last, so it sweeps the groups round-robin:
--- every group with work is served once per sweep, none can keep the workers
--- to itself, and concurrent pickers work at different places of the index
+-- Which groups: the highest priority first; within a priority, free ready
+-- groups from slot p_slot on, wrapping around. Each worker passes the slot
+-- after the last one it served, so it sweeps the groups round-robin: every
+-- group with work is served once per sweep, none can keep the workers to
+-- itself, and concurrent pickers work at different places of the index
 -- instead of all fighting over its first rows. The returned slot is the
--- group's (NULL for an ungrouped job). A row whose id is NULL means: a group
--- was locked that turned out to have nothing to run; commit (releasing it)
--- and pick again. p_turn rotates the starting queue and
+-- group's (NULL for an ungrouped job). p_turn rotates the starting queue and
 -- alternates between grouped and ungrouped jobs so neither starves.
 --
+-- A single row whose id is NULL means: a group was locked that turned out to
+-- have nothing to run (or was parked, see below); commit (releasing it) and
+-- pick again. That happens only when nothing was picked before it: a group
+-- that turns out empty after a job was picked is skipped (its lock is kept
+-- until T ends, which only delays it a moment).
+--
 -- A worker that stops without closing its connection (frozen by SIGSTOP, a
--- stalled VM) would hold its group forever. pick therefore bounds how long T
+-- stalled VM) would hold its groups forever. pick therefore bounds how long T
 -- may sit idle: p_idle_ms[i] for jobs of kind p_kinds[i], p_default_idle_ms
--- for others (the runner passes each type's timeout plus a grace). Past it,
--- the server ends the session, T aborts and the group is free. (A peer that
--- vanished from the network is detected by TCP keepalives: see
--- docs/failure-model.md for the connection settings.)
+-- for others (the runner passes each type's timeout plus a grace); with
+-- several jobs, the longest of theirs. Past it, the server ends the session,
+-- T aborts and the groups are free. (A peer that vanished from the network is
+-- detected by TCP keepalives: see docs/failure-model.md for the connection
+-- settings.)
 CREATE FUNCTION pgfifo.pick(
     p_queues          text[],
     p_turn            integer,
     p_slot            integer,
     p_kinds           text[],
     p_idle_ms         integer[],
-    p_default_idle_ms integer
+    p_default_idle_ms integer,
+    p_limit           integer
 )
 RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
                max_attempts integer, slot integer)
@@ -529,6 +537,9 @@ AS $$
 DECLARE
     v_n       integer := cardinality(p_queues);
     v_turn    bigint := p_turn::bigint & 2147483647;
+    v_limit   integer := greatest(coalesce(p_limit, 1), 1);
+    v_count   integer := 0;
+    v_idle    integer := 0;
     v_q       text;
     v_group   record;
     v_cand    record;
@@ -548,6 +559,7 @@ BEGIN
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo.pick must run in a job transaction (BEGIN; SELECT set_config(''pgfifo.job_transaction'', ''on'', true))';
     END IF;
+    <<queues>>
     FOR v_i IN 0 .. coalesce(v_n, 0) - 1 LOOP
         v_q := p_queues[1 + (v_turn + v_i) % v_n];
         CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
@@ -589,6 +601,9 @@ BEGIN
                             IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL
                                OR EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
                                           WHERE p.queue = v_q AND p.group_id = v_group.group_id) THEN
+                                -- Jobs are picked already: leave this group to
+                                -- a later pick (see above).
+                                CONTINUE WHEN v_count > 0;
                                 -- It changed since the candidate read (went idle, or
                                 -- its head is now waiting for a retry), or it is
                                 -- paused: park it (idle until resumed; its jobs
@@ -619,15 +634,17 @@ BEGIN
                             SELECT * INTO v_job FROM pgfifo.job AS j
                             WHERE j.id = v_group.head_id AND j.state = 'queued'
                             FOR UPDATE SKIP LOCKED;
-                            IF NOT FOUND AND EXISTS (SELECT 1 FROM pgfifo.job AS j
-                                                     WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
-                                -- Locked by an operator's transaction (never by a
-                                -- runner without the group): leave the group to it.
-                                RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
-                                                    NULL::jsonb, NULL::integer, v_group.slot;
-                                RETURN;
-                            END IF;
                             IF NOT FOUND THEN
+                                CONTINUE WHEN v_count > 0;
+                                IF EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                           WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
+                                    -- Locked by an operator's transaction (never by
+                                    -- a runner without the group): leave the group
+                                    -- to it.
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot;
+                                    RETURN;
+                                END IF;
                                 -- The head was finished or deleted out of band.
                                 -- Repair the pointer; the row stays locked until T
                                 -- ends, so run this group's new head or nothing.
@@ -644,33 +661,39 @@ BEGIN
                                     RETURN;
                                 END IF;
                             END IF;
-                            PERFORM set_config('idle_in_transaction_session_timeout',
-                                coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)], p_default_idle_ms)::text, true);
+                            v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
+                                                                p_default_idle_ms));
                             RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
                                                 v_job.payload, v_job.max_attempts + v_job.attempt_base,
                                                 v_group.slot;
-                            RETURN;
+                            v_count := v_count + 1;
+                            EXIT queues WHEN v_count >= v_limit;
                         END LOOP;
                     END LOOP;
                     v_bound := v_prio;
                 END LOOP;
             ELSE
-                SELECT * INTO v_job FROM pgfifo.job AS j
-                WHERE j.queue = v_q AND j.group_id IS NULL AND j.state = 'queued' AND j.run_after <= v_now
-                ORDER BY j.priority DESC, j.run_after, j.id
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED;
-                IF FOUND THEN
-                    PERFORM set_config('idle_in_transaction_session_timeout',
-                                coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)], p_default_idle_ms)::text, true);
+                FOR v_job IN
+                    SELECT * FROM pgfifo.job AS j
+                    WHERE j.queue = v_q AND j.group_id IS NULL AND j.state = 'queued' AND j.run_after <= v_now
+                    ORDER BY j.priority DESC, j.run_after, j.id
+                    LIMIT v_limit - v_count
+                    FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
+                                                        p_default_idle_ms));
                     RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
                                         v_job.payload, v_job.max_attempts + v_job.attempt_base,
                                         NULL::integer;
-                    RETURN;
-                END IF;
+                    v_count := v_count + 1;
+                END LOOP;
+                EXIT queues WHEN v_count >= v_limit;
             END IF;
         END LOOP;
     END LOOP;
+    IF v_count > 0 THEN
+        PERFORM set_config('idle_in_transaction_session_timeout', v_idle::text, true);
+    END IF;
 END
 $$;
 
@@ -702,23 +725,24 @@ BEGIN
 END
 $$;
 
--- Writes the outcome of an attempt, in the job's transaction, just before it
--- commits. p_outcome is 'succeeded', 'retry', 'failed' or 'cancelled'. A
--- retry keeps the job at the head of its group until p_retry_delay_us passes;
--- any other outcome advances the head. p_queue and p_group are the job's (the
--- caller has them from pick).
+-- Writes the outcomes of the attempts of a pick's jobs, in their transaction,
+-- just before it commits: element i of each array is job i's. p_outcomes[i]
+-- is 'succeeded', 'retry', 'failed' or 'cancelled'. A retry keeps the job at
+-- the head of its group until p_retry_delay_us[i] passes; any other outcome
+-- advances the head. p_queues and p_groups are the jobs' (the caller has them
+-- from pick); the jobs are of different groups, as pick returns them.
 --
 -- A grouped job that failed for good in a queue whose failure policy is
 -- 'hold' stays its group's head and holds it (see queue_group).
 CREATE FUNCTION pgfifo.complete(
-    p_id               bigint,
-    p_attempt          integer,
-    p_outcome          text,
-    p_error            text,
-    p_result           jsonb,
-    p_retry_delay_us   bigint,
-    p_queue            text,
-    p_group            text
+    p_ids              bigint[],
+    p_attempts         integer[],
+    p_outcomes         text[],
+    p_errors           text[],
+    p_results          jsonb[],
+    p_retry_delay_us   bigint[],
+    p_queues           text[],
+    p_groups           text[]
 ) RETURNS void
 LANGUAGE plpgsql
 SET enable_sort = off
@@ -729,62 +753,77 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
-    v_advanced integer := 0;
+    v_advanced integer;
+    v_id       bigint;
+    v_queue    text;
+    v_group    text;
+    v_outcome  text;
 BEGIN
-    IF p_outcome NOT IN ('succeeded', 'retry', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION 'pgfifo complete: unknown outcome %', p_outcome;
+    IF EXISTS (SELECT 1 FROM unnest(p_outcomes) AS o
+               WHERE o IS NULL OR o NOT IN ('succeeded', 'retry', 'failed', 'cancelled')) THEN
+        RAISE EXCEPTION 'pgfifo complete: unknown outcome in %', p_outcomes;
     END IF;
-    -- The job's transaction must still be the one that picked it: a handler
-    -- that sent COMMIT itself has released the job's locks.
+    -- The jobs' transaction must still be the one that picked them: a
+    -- handler that sent COMMIT itself has released their locks.
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)';
     END IF;
-    IF p_group IS NOT NULL AND p_outcome = 'failed'
-       AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
-                   WHERE s.queue = p_queue AND s.failure_policy = 'hold') THEN
-        UPDATE pgfifo.queue_group SET head_id = p_id, ready_at = NULL
-        WHERE queue = p_queue AND group_id = p_group;
-    ELSIF p_group IS NOT NULL AND p_outcome <> 'retry' THEN
-        -- The common case in one statement: the group has a next job, which
-        -- becomes the head (a HOT update when it is ready at once).
-        WITH next AS (
-            SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
-            WHERE j.queue = p_queue AND j.group_id = p_group AND j.state = 'queued' AND j.id <> p_id
-            ORDER BY j.id LIMIT 1),
-        moved AS (
-            UPDATE pgfifo.queue_group AS g
-            SET head_id  = next.id,
-                priority = next.priority,
-                ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
-                                THEN g.ready_at ELSE next.run_after END
-            FROM next
-            WHERE g.queue = p_queue AND g.group_id = p_group
-            RETURNING 1)
-        SELECT count(*) INTO v_advanced FROM moved;
-        -- No next job visible: advance_head decides whether the group is idle
-        -- (it never waits; see there).
-        IF v_advanced = 0 THEN
-            PERFORM pgfifo.advance_head(p_queue, p_group, p_id);
+    FOR v_i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        v_id := p_ids[v_i];
+        v_queue := p_queues[v_i];
+        v_group := p_groups[v_i];
+        v_outcome := p_outcomes[v_i];
+        CONTINUE WHEN v_group IS NULL;
+        IF v_outcome = 'retry' THEN
+            UPDATE pgfifo.queue_group
+            SET ready_at = v_now + p_retry_delay_us[v_i] * interval '1 microsecond'
+            WHERE queue = v_queue AND group_id = v_group;
+        ELSIF v_outcome = 'failed'
+              AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                          WHERE s.queue = v_queue AND s.failure_policy = 'hold') THEN
+            UPDATE pgfifo.queue_group SET head_id = v_id, ready_at = NULL
+            WHERE queue = v_queue AND group_id = v_group;
+        ELSE
+            -- The common case in one statement: the group has a next job,
+            -- which becomes the head (a HOT update when it is ready at once).
+            WITH next AS (
+                SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+                WHERE j.queue = v_queue AND j.group_id = v_group AND j.state = 'queued'
+                  AND j.id <> v_id
+                ORDER BY j.id LIMIT 1),
+            moved AS (
+                UPDATE pgfifo.queue_group AS g
+                SET head_id  = next.id,
+                    priority = next.priority,
+                    ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
+                                    THEN g.ready_at ELSE next.run_after END
+                FROM next
+                WHERE g.queue = v_queue AND g.group_id = v_group
+                RETURNING 1)
+            SELECT count(*) INTO v_advanced FROM moved;
+            -- No next job visible: advance_head decides whether the group is
+            -- idle (it never waits; see there).
+            IF v_advanced = 0 THEN
+                PERFORM pgfifo.advance_head(v_queue, v_group, v_id);
+            END IF;
         END IF;
-    END IF;
-    UPDATE pgfifo.job SET
-        state       = CASE WHEN p_outcome = 'retry' THEN 'queued' ELSE p_outcome END,
-        attempts    = p_attempt,
-        last_error  = coalesce(p_error, last_error),
-        result      = p_result,
-        run_after   = CASE WHEN p_outcome = 'retry'
-                           THEN v_now + p_retry_delay_us * interval '1 microsecond'
-                           ELSE run_after END,
-        finished_at = CASE WHEN p_outcome = 'retry' THEN NULL ELSE v_now END
-    WHERE id = p_id;
-    IF p_error IS NOT NULL THEN
-        UPDATE pgfifo.job_attempt SET error = p_error, finished_at = v_now
-        WHERE job_id = p_id AND attempt = p_attempt;
-    END IF;
-    IF p_group IS NOT NULL AND p_outcome = 'retry' THEN
-        UPDATE pgfifo.queue_group
-        SET ready_at = v_now + p_retry_delay_us * interval '1 microsecond'
-        WHERE queue = p_queue AND group_id = p_group;
+    END LOOP;
+    UPDATE pgfifo.job AS j SET
+        state       = CASE WHEN t.outcome = 'retry' THEN 'queued' ELSE t.outcome END,
+        attempts    = t.attempt,
+        last_error  = coalesce(t.error, j.last_error),
+        result      = t.result,
+        run_after   = CASE WHEN t.outcome = 'retry'
+                           THEN v_now + t.delay_us * interval '1 microsecond'
+                           ELSE j.run_after END,
+        finished_at = CASE WHEN t.outcome = 'retry' THEN NULL ELSE v_now END
+    FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
+         AS t(id, attempt, outcome, error, result, delay_us)
+    WHERE j.id = t.id;
+    IF EXISTS (SELECT 1 FROM unnest(p_errors) AS e WHERE e IS NOT NULL) THEN
+        UPDATE pgfifo.job_attempt AS a SET error = t.error, finished_at = v_now
+        FROM unnest(p_ids, p_attempts, p_errors) AS t(id, attempt, error)
+        WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt;
     END IF;
 END
 $$;

@@ -32,7 +32,7 @@ async fn head(fx: &Fx, group: &str) -> (Option<JobId>, bool) {
 async fn pick(conn: &mut AsyncPgConnection) {
     conn.batch_execute(&format!(
         "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true);
-         SELECT * FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000);
+         SELECT * FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 1);
          COMMIT;"
     ))
     .await

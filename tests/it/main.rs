@@ -18,6 +18,7 @@ mod ungrouped;
 
 // Runner side.
 mod atomicity;
+mod batching;
 mod contention;
 mod crashes;
 mod exclusivity_fifo;

@@ -33,10 +33,12 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
 
     common::epoch();
     common::take_records();
-    let config = RunnerConfig::default()
-        .queues(["bench"])
-        .concurrency(workers as usize)
-        .poll_interval(Duration::from_millis(200));
+    let config = inputs.tune(
+        RunnerConfig::default()
+            .queues(["bench"])
+            .concurrency(workers as usize)
+            .poll_interval(Duration::from_millis(200)),
+    )?;
     let runner = pgfifo::runner::start(pool.clone(), config)
         .await
         .map_err(|e| e.to_string())?;

@@ -68,10 +68,12 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
     }
     let server = inputs.database_url();
     let (pool, url) = common::fresh_database(&server, DATABASE, workers as u32 * 2 + 4).await?;
-    let config = RunnerConfig::default()
-        .queues([LatencyJob::QUEUE])
-        .concurrency(workers as usize)
-        .poll_interval(Duration::from_millis(poll_ms));
+    let config = inputs.tune(
+        RunnerConfig::default()
+            .queues([LatencyJob::QUEUE])
+            .concurrency(workers as usize)
+            .poll_interval(Duration::from_millis(poll_ms)),
+    )?;
     let runner = pgfifo::runner::start(pool.clone(), config)
         .await
         .map_err(|e| e.to_string())?;

@@ -106,6 +106,8 @@ pub struct JobContext<'a> {
     pub(crate) attempt: u32,
     pub(crate) max_attempts: u32,
     pub(crate) conn: &'a mut AsyncPgConnection,
+    /// Whether the handler took `conn` (see the runner's batching).
+    pub(crate) used_conn: bool,
     pub(crate) result: Option<serde_json::Value>,
 }
 
@@ -140,7 +142,12 @@ impl<'a> JobContext<'a> {
     /// commits atomically with the job's success; a failing handler's writes
     /// are rolled back. Nested `transaction` calls become savepoints. Do not
     /// issue `COMMIT` or `ROLLBACK` on it yourself.
+    ///
+    /// Taking the connection also tells the runner that this job's writes
+    /// are in the transaction: it then commits the job on its own instead of
+    /// together with other short jobs (see `RunnerConfig::max_batch`).
     pub fn conn(&mut self) -> &mut AsyncPgConnection {
+        self.used_conn = true;
         self.conn
     }
 

@@ -17,7 +17,7 @@ use crate::progress;
 /// The runner's pick (`db::sql::pick`), with no per-kind idle bounds.
 const PICK: &str = "\
 SELECT id, queue, group_id, kind, payload, max_attempts, slot, pg_backend_pid() AS backend_pid
-FROM pgfifo.pick(ARRAY['bench'], $1, $2, ARRAY[]::text[], ARRAY[]::int[], 60000)";
+FROM pgfifo.pick(ARRAY['bench'], $1, $2, ARRAY[]::text[], ARRAY[]::int[], 60000, 1)";
 
 #[derive(QueryableByName)]
 struct Flag {
@@ -130,14 +130,17 @@ pub(super) async fn measure(
             // The runner's round-robin cursor: continue after this group.
             cursor = slot.wrapping_add(1);
         }
-        diesel::sql_query("SELECT pgfifo.complete($1, $2, 'succeeded', NULL, NULL, NULL, $3, $4)")
-            .bind::<BigInt, _>(job.id)
-            .bind::<Integer, _>(attempt)
-            .bind::<Text, _>(&job.queue)
-            .bind::<Nullable<Text>, _>(job.group_id.as_deref())
-            .execute(&mut job_conn)
-            .await
-            .map_err(err)?;
+        diesel::sql_query(
+            "SELECT pgfifo.complete(ARRAY[$1], ARRAY[$2], '{succeeded}', '{NULL}', '{NULL}', \
+             '{NULL}', ARRAY[$3], ARRAY[$4])",
+        )
+        .bind::<BigInt, _>(job.id)
+        .bind::<Integer, _>(attempt)
+        .bind::<Text, _>(&job.queue)
+        .bind::<Nullable<Text>, _>(job.group_id.as_deref())
+        .execute(&mut job_conn)
+        .await
+        .map_err(err)?;
         job_conn.batch_execute("COMMIT").await.map_err(err)?;
         let cycle_elapsed = cycle_started.elapsed();
 

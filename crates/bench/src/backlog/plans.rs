@@ -58,12 +58,13 @@ pub(super) const LOOKUPS: &[Lookup] = &[
         label: "next_head_lookup",
         function: "pgfifo.complete",
         sql: "SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
-            WHERE j.queue = p_queue AND j.group_id = p_group AND j.state = 'queued' AND j.id <> p_id
-            ORDER BY j.id LIMIT 1",
+                WHERE j.queue = v_queue AND j.group_id = v_group AND j.state = 'queued'
+                  AND j.id <> v_id
+                ORDER BY j.id LIMIT 1",
         params: &[
-            ("p_queue", "text", "'bench'"),
-            ("p_group", "text", "'g0'"),
-            ("p_id", "bigint", "$FIRST"),
+            ("v_queue", "text", "'bench'"),
+            ("v_group", "text", "'g0'"),
+            ("v_id", "bigint", "$FIRST"),
         ],
     },
 ];

@@ -104,8 +104,8 @@ pub(crate) struct PickedJob {
 /// What a pick found.
 #[derive(Debug)]
 pub(crate) enum Picked {
-    /// A job to run, locked.
-    Job(PickedJob),
+    /// Jobs to run, of different groups, each locked.
+    Jobs(Vec<PickedJob>),
     /// A group was locked that turned out to have nothing to run (it changed
     /// after the candidate read): commit to release it and pick again. Carries
     /// the group's slot.
@@ -134,8 +134,8 @@ struct PickRow {
     backend_pid: i32,
 }
 
-/// Locks and returns the next job of `queues`, in the caller's transaction.
-/// See `pgfifo.pick` for the locking contract.
+/// Locks and returns up to `limit` jobs of `queues`, of different groups, in
+/// the caller's transaction. See `pgfifo.pick` for the locking contract.
 ///
 /// Takes a shared reference so that it can be pipelined behind the previous
 /// job's `COMMIT; BEGIN` (see the worker).
@@ -145,37 +145,45 @@ pub(crate) async fn pick(
     turn: i32,
     slot: i32,
     idle: &IdleBounds,
+    limit: i32,
 ) -> diesel::QueryResult<Picked> {
-    let mut rows: Vec<PickRow> = Prepared(
+    let rows: Vec<PickRow> = Prepared(
         diesel::sql_query(
             "SELECT id, queue, group_id, kind, payload, max_attempts, slot, \
                 pg_backend_pid() AS backend_pid \
-         FROM pgfifo.pick($1, $2, $3, $4, $5, $6)",
+         FROM pgfifo.pick($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind::<Array<Text>, _>(queues)
         .bind::<Integer, _>(turn)
         .bind::<Integer, _>(slot)
         .bind::<Array<Text>, _>(&idle.kinds)
         .bind::<Array<Integer>, _>(&idle.idle_ms)
-        .bind::<Integer, _>(idle.default_idle_ms),
+        .bind::<Integer, _>(idle.default_idle_ms)
+        .bind::<Integer, _>(limit),
     )
     .load(&mut conn)
     .await?;
-    let Some(row) = rows.pop() else {
-        return Ok(Picked::Nothing);
-    };
-    Ok(match (row.id, row.kind, row.payload, row.max_attempts) {
-        (Some(id), Some(kind), Some(payload), Some(max_attempts)) => Picked::Job(PickedJob {
-            id,
-            queue: row.queue,
-            group_id: row.group_id,
-            kind,
-            payload,
-            max_attempts,
-            slot: row.slot,
-            backend_pid: row.backend_pid,
-        }),
-        _ => Picked::Retry(row.slot),
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in rows {
+        match (row.id, row.kind, row.payload, row.max_attempts) {
+            (Some(id), Some(kind), Some(payload), Some(max_attempts)) => jobs.push(PickedJob {
+                id,
+                queue: row.queue,
+                group_id: row.group_id,
+                kind,
+                payload,
+                max_attempts,
+                slot: row.slot,
+                backend_pid: row.backend_pid,
+            }),
+            // pick returns such a row only alone.
+            _ => return Ok(Picked::Retry(row.slot)),
+        }
+    }
+    Ok(if jobs.is_empty() {
+        Picked::Nothing
+    } else {
+        Picked::Jobs(jobs)
     })
 }
 
@@ -216,17 +224,20 @@ pub(crate) async fn start_attempts(
     Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
 }
 
-/// Deletes the record of an attempt that was aborted by shutdown before it
-/// could finish, so a graceful stop does not use up the job's attempts.
-pub(crate) async fn forget_attempt(
+/// Deletes the records of attempts that never ran their handler (handed back,
+/// or aborted by shutdown), so they do not use up the jobs' attempts.
+pub(crate) async fn forget_attempts(
     conn: &mut AsyncPgConnection,
-    job_id: i64,
-    attempt: i32,
+    job_ids: &[i64],
+    attempts: &[i32],
 ) -> diesel::QueryResult<usize> {
     Prepared(
-        diesel::sql_query("DELETE FROM pgfifo.job_attempt WHERE job_id = $1 AND attempt = $2")
-            .bind::<BigInt, _>(job_id)
-            .bind::<Integer, _>(attempt),
+        diesel::sql_query(
+            "DELETE FROM pgfifo.job_attempt AS a USING unnest($1, $2) AS t(job_id, attempt) \
+             WHERE a.job_id = t.job_id AND a.attempt = t.attempt",
+        )
+        .bind::<Array<BigInt>, _>(job_ids)
+        .bind::<Array<Integer>, _>(attempts),
     )
     .execute(conn)
     .await
@@ -283,29 +294,45 @@ impl Outcome {
     }
 }
 
-/// Writes an attempt's outcome in the job's transaction (which then commits).
-#[allow(clippy::too_many_arguments)]
+/// The outcome of one job's attempt, to be written by [`complete`].
+#[derive(Debug)]
+pub(crate) struct Completion<'a> {
+    pub job: &'a PickedJob,
+    pub attempt: i32,
+    pub outcome: Outcome,
+    pub error: Option<&'a str>,
+    pub result: Option<&'a serde_json::Value>,
+    pub retry_delay_us: Option<i64>,
+}
+
+/// Writes the outcomes of a pick's jobs in their transaction (which then
+/// commits), in one statement.
 ///
 /// Takes a shared reference so it can be pipelined behind a simple query.
 pub(crate) async fn complete(
     mut conn: &AsyncPgConnection,
-    job: &PickedJob,
-    attempt: i32,
-    outcome: Outcome,
-    error: Option<&str>,
-    result: Option<&serde_json::Value>,
-    retry_delay_us: Option<i64>,
+    done: &[Completion<'_>],
 ) -> diesel::QueryResult<()> {
     Prepared(
         diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8)")
-            .bind::<BigInt, _>(job.id)
-            .bind::<Integer, _>(attempt)
-            .bind::<Text, _>(outcome.as_sql())
-            .bind::<Nullable<Text>, _>(error)
-            .bind::<Nullable<Jsonb>, _>(result)
-            .bind::<Nullable<BigInt>, _>(retry_delay_us)
-            .bind::<Text, _>(&job.queue)
-            .bind::<Nullable<Text>, _>(job.group_id.as_deref()),
+            .bind::<Array<BigInt>, _>(done.iter().map(|d| d.job.id).collect::<Vec<_>>())
+            .bind::<Array<Integer>, _>(done.iter().map(|d| d.attempt).collect::<Vec<_>>())
+            .bind::<Array<Text>, _>(done.iter().map(|d| d.outcome.as_sql()).collect::<Vec<_>>())
+            .bind::<Array<Nullable<Text>>, _>(done.iter().map(|d| d.error).collect::<Vec<_>>())
+            .bind::<Array<Nullable<Jsonb>>, _>(done.iter().map(|d| d.result).collect::<Vec<_>>())
+            .bind::<Array<Nullable<BigInt>>, _>(
+                done.iter().map(|d| d.retry_delay_us).collect::<Vec<_>>(),
+            )
+            .bind::<Array<Text>, _>(
+                done.iter()
+                    .map(|d| d.job.queue.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind::<Array<Nullable<Text>>, _>(
+                done.iter()
+                    .map(|d| d.job.group_id.as_deref())
+                    .collect::<Vec<_>>(),
+            ),
     )
     .execute(&mut conn)
     .await

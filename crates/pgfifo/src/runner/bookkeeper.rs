@@ -11,6 +11,7 @@
 //! The connection is taken from the pool once and kept; when it breaks
 //! (database restart, killed backend) the next request takes a new one.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -22,15 +23,18 @@ use crate::db::{sql, Pool, PooledConnection};
 /// The most requests one batch carries.
 const MAX_BATCH: usize = 512;
 
+/// The attempt numbers of a pick's jobs, in its order (`None`: attempts used up).
+type Attempts = Result<Vec<Option<i32>>, String>;
+
 enum Request {
     Start {
-        id: i64,
-        max_attempts: i32,
-        reply: oneshot::Sender<Result<Option<i32>, String>>,
+        /// `(job id, max attempts)` of each job of one pick.
+        jobs: Vec<(i64, i32)>,
+        reply: oneshot::Sender<Attempts>,
     },
     Forget {
-        id: i64,
-        attempt: i32,
+        /// `(job id, attempt)` of each attempt to forget.
+        attempts: Vec<(i64, i32)>,
         reply: oneshot::Sender<()>,
     },
     NoteError {
@@ -66,28 +70,25 @@ impl Bookkeeper {
         Self { tx }
     }
 
-    /// Records the start of an attempt of job `id`. `Ok(Some(n))`: this is
-    /// attempt `n`; `Ok(None)`: the job has used all its attempts.
-    pub(crate) async fn start_attempt(
-        &self,
-        id: i64,
-        max_attempts: i32,
-    ) -> Result<Option<i32>, String> {
+    /// Records the start of an attempt of each job `(id, max attempts)`.
+    /// For each, in order: `Some(n)`, this is attempt `n`; `None`, the job
+    /// has used all its attempts.
+    pub(crate) async fn start_attempts(&self, jobs: Vec<(i64, i32)>) -> Attempts {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Request::Start {
-                id,
-                max_attempts,
-                reply,
-            })
+            .send(Request::Start { jobs, reply })
             .map_err(|_| "the runner is stopping".to_owned())?;
         rx.await.map_err(|_| "the runner is stopping".to_owned())?
     }
 
-    /// Deletes the record of an attempt aborted by shutdown (best effort).
-    pub(crate) async fn forget_attempt(&self, id: i64, attempt: i32) {
+    /// Deletes the records of attempts `(job id, attempt)` whose handlers
+    /// never ran (best effort).
+    pub(crate) async fn forget_attempts(&self, attempts: Vec<(i64, i32)>) {
+        if attempts.is_empty() {
+            return;
+        }
         let (reply, rx) = oneshot::channel();
-        if self.tx.send(Request::Forget { id, attempt, reply }).is_ok() {
+        if self.tx.send(Request::Forget { attempts, reply }).is_ok() {
             let _ = rx.await;
         }
     }
@@ -165,35 +166,35 @@ async fn process(
     let mut others = Vec::new();
     for request in batch {
         match request {
-            Request::Start {
-                id,
-                max_attempts,
-                reply,
-            } => starts.push((id, max_attempts, reply)),
+            Request::Start { jobs, reply } => starts.push((jobs, reply)),
             other => others.push(other),
         }
     }
     if !starts.is_empty() {
         // One row per job: a job asked twice (a worker retrying after a lost
         // reply) gets the same answer twice.
-        let mut ids: Vec<i64> = Vec::with_capacity(starts.len());
-        let mut max: Vec<i32> = Vec::with_capacity(starts.len());
-        for (id, max_attempts, _) in &starts {
-            if !ids.contains(id) {
-                ids.push(*id);
-                max.push(*max_attempts);
+        let mut ids: Vec<i64> = Vec::new();
+        let mut max: Vec<i32> = Vec::new();
+        let mut seen = HashSet::new();
+        for (jobs, _) in &starts {
+            for (id, max_attempts) in jobs {
+                if seen.insert(*id) {
+                    ids.push(*id);
+                    max.push(*max_attempts);
+                }
             }
         }
         match sql::start_attempts(conn, &ids, &max, runner).await {
             Ok(recorded) => {
-                for (id, _, reply) in starts {
-                    let attempt = recorded.iter().find(|r| r.0 == id).map(|r| r.1);
-                    let _ = reply.send(Ok(attempt));
+                let recorded: HashMap<i64, i32> = recorded.into_iter().collect();
+                for (jobs, reply) in starts {
+                    let attempts = jobs.iter().map(|(id, _)| recorded.get(id).copied());
+                    let _ = reply.send(Ok(attempts.collect()));
                 }
             }
             Err(err) => {
                 let message = format!("could not record the attempt: {err}");
-                for (_, _, reply) in starts {
+                for (_, reply) in starts {
                     let _ = reply.send(Err(message.clone()));
                 }
                 return Err(err);
@@ -202,8 +203,9 @@ async fn process(
     }
     for request in others {
         match request {
-            Request::Forget { id, attempt, reply } => {
-                let result = sql::forget_attempt(conn, id, attempt).await;
+            Request::Forget { attempts, reply } => {
+                let (ids, numbers): (Vec<i64>, Vec<i32>) = attempts.into_iter().unzip();
+                let result = sql::forget_attempts(conn, &ids, &numbers).await;
                 let _ = reply.send(());
                 result?;
             }

@@ -1,93 +1,128 @@
-//! Running one picked job: record its attempt, wait for a slot, run its
-//! handler in a savepoint (with its timeout, catching panics), and write the
-//! outcome in the job's transaction. The worker commits it.
+//! Running a pick's jobs: record their attempts, wait for a slot, run their
+//! handlers one after another in the pick's transaction (each in the
+//! handler's savepoint, with its timeout, catching panics), and write their
+//! outcomes. The worker commits them.
+//!
+//! # Several jobs in one transaction
+//!
+//! A pick may lock the heads of several groups (see [`Batching`]). Their
+//! handlers then run one after another on the pick's connection, and one
+//! `pgfifo.complete` and one `COMMIT` serve them all, which divides the
+//! per-transaction cost of the queue by the batch size. Every job keeps its
+//! own outcome, and nothing of one handler can leak into another's:
+//!
+//! * a batch goes on past a handler only if that handler never took the
+//!   job's connection ([`JobContext::conn`](crate::JobContext::conn)): it
+//!   wrote nothing in the transaction, so the next handler starts in the same
+//!   clean savepoint. A handler that took it ends the batch; the jobs after
+//!   it are handed back unstarted (their attempts forgotten) and picked again
+//!   by the next pick;
+//! * no handler starts once the batch has run for [`Batching::window`]:
+//!   a group whose job finished waits at most that long (plus the handler
+//!   then running) for its commit, and so for its next job;
+//! * a lane sizes its next pick from what its handlers took: handlers that
+//!   use the connection, or take about the window, get one job per pick.
+//!
+//! Attempts are recorded for the whole pick before the first handler
+//! starts (one statement), as for a single job: a crash mid-batch counts an
+//! attempt for each job picked, which can cost a job that never started one
+//! attempt, never a lost or a duplicated run.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
 use futures_util::FutureExt;
+use tracing::Instrument;
 
-use super::metrics::Run;
+use super::outcome::{event, Done, FailureText};
 use super::txn::{
     depth, is_connection_error, rollback_to, set_depth, ConnectionLost, Tm, CHECK_CONSTRAINTS,
     SAVEPOINT,
 };
-use super::worker::random_fraction;
-use super::{JobEvent, JobOutcome, Shared};
-use crate::db::sql::{self, Outcome, PickedJob};
-use crate::job::{FailureKind, JobContext};
+use super::{JobOutcome, Shared};
+use crate::db::sql::{self, Completion, PickedJob};
+use crate::job::JobContext;
 use crate::registry::{Registration, RunFailure};
 
-/// The longest delay `JobError::retry_after` may ask for (a year): longer
-/// ones are cut to it rather than overflow the database's interval type.
-const LONGEST_RETRY_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
-/// How long a prefetched job may wait for a free slot before it is handed
-/// back. Long enough to cover the normal wait for a handler to finish, short
-/// enough that a group does not sit locked behind a long job.
+/// How long a prefetched pick may wait for a free slot before its jobs are
+/// handed back. Long enough to cover the normal wait for a handler to
+/// finish, short enough that groups do not sit locked behind a long job.
 const SLOT_PATIENCE: Duration = Duration::from_secs(2);
-/// How a handler run ended.
-enum Ran {
-    Ok(Option<serde_json::Value>),
-    Failed(crate::JobError),
-    BadPayload(serde_json::Error),
-    Panicked(String),
-    TimedOut(Duration),
-    Aborted,
+
+/// How a lane sizes its picks (see the module documentation).
+#[derive(Debug)]
+pub(super) struct Batching {
+    /// The most jobs one pick takes (`RunnerConfig::max_batch`).
+    max: usize,
+    /// No handler of a batch starts later than this after its first one.
+    window: Duration,
+    /// How many jobs the next pick takes.
+    limit: usize,
+    /// A moving average of recent handlers' run times, in seconds.
+    average: f64,
 }
 
-/// A job whose outcome is written and awaits its COMMIT.
-pub(super) struct Done {
-    /// The event to broadcast once committed.
-    pub event: JobEvent,
-    /// The handler's run, if it ran: counted as running until the commit,
-    /// and as aborted if the commit fails.
-    pub run: Option<Run>,
+impl Batching {
+    pub(super) fn new(max: usize, window: Duration) -> Self {
+        Self {
+            max: max.max(1),
+            window,
+            limit: 1,
+            average: 0.0,
+        }
+    }
+
+    /// How many jobs the next pick takes.
+    pub(super) fn limit(&self) -> i32 {
+        self.limit as i32
+    }
+
+    /// A handler that never took the connection ran for `took`.
+    fn ran(&mut self, took: Duration) {
+        self.average = 0.8 * self.average + 0.2 * took.as_secs_f64();
+        let fit = if self.average > 0.0 {
+            self.window.as_secs_f64() / self.average
+        } else {
+            f64::INFINITY
+        };
+        self.limit = fit.clamp(1.0, self.max as f64) as usize;
+    }
+
+    /// A handler took the connection, or the transaction failed: one job at
+    /// a time until handlers show otherwise.
+    fn single(&mut self) {
+        self.limit = 1;
+        self.average = self.average.max(self.window.as_secs_f64());
+    }
 }
 
-/// Runs a picked job to its outcome. Returns it when the outcome is written
-/// and awaits its COMMIT, `None` when the transaction was rolled back (an
-/// aborted run), `Err` when the connection must be dropped.
+/// Runs a pick's jobs to their outcomes. Returns the outcomes that await
+/// their COMMIT (none when the transaction was rolled back), `Err` when the
+/// connection must be dropped.
 pub(super) async fn execute(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
-    job: PickedJob,
-) -> Result<Option<Done>, ConnectionLost> {
-    // The handler's run, for metrics: dropped here without an outcome (an
-    // abort, a lost connection), it counts as aborted.
-    let mut run = None;
-    let event = run_job(shared, conn, job, &mut run).await?;
-    Ok(event.map(|event| Done { event, run }))
-}
-
-/// [`execute`], with the handler's run put in `run` when it starts.
-async fn run_job(
-    shared: &Shared,
-    conn: &mut AsyncPgConnection,
-    job: PickedJob,
-    run: &mut Option<Run>,
-) -> Result<Option<JobEvent>, ConnectionLost> {
-    // The handler's savepoint is named as diesel names depth 1's savepoint, so
-    // diesel's rollback at depth 2 returns to it. When a slot is free at once,
-    // it is set while the bookkeeper records the attempt on its own
+    jobs: Vec<PickedJob>,
+    batching: &mut Batching,
+) -> Result<Vec<Done>, ConnectionLost> {
+    let backend_pid = jobs[0].backend_pid;
+    // The handlers' savepoint is named as diesel names depth 1's savepoint,
+    // so diesel's rollback at depth 2 returns to it. When a slot is free at
+    // once, it is set while the bookkeeper records the attempts on its own
     // connection: one round trip for both.
     let slot_now = shared.slots.try_acquire().ok();
+    let request = jobs.iter().map(|j| (j.id, j.max_attempts)).collect();
     let (savepoint, recorded) = if slot_now.is_some() {
         let mut shared_conn: &AsyncPgConnection = conn;
         let (savepoint, recorded) = tokio::join!(
             shared_conn.batch_execute(SAVEPOINT),
-            shared.bookkeeper.start_attempt(job.id, job.max_attempts)
+            shared.bookkeeper.start_attempts(request)
         );
         (Some(savepoint), recorded)
     } else {
-        (
-            None,
-            shared
-                .bookkeeper
-                .start_attempt(job.id, job.max_attempts)
-                .await,
-        )
+        (None, shared.bookkeeper.start_attempts(request).await)
     };
     match savepoint {
         Some(Err(err)) => {
@@ -97,33 +132,19 @@ async fn run_job(
         Some(Ok(())) => set_depth(conn, 2)?,
         None => {}
     }
-    let attempt = match recorded {
-        Ok(Some(attempt)) => attempt,
-        Ok(None) => {
-            let error = format!(
-                "attempt {0} of {0} never finished (its worker crashed, was killed or lost its \
-                 connection); no attempts left",
-                job.max_attempts
-            );
-            return finish_failed(shared, conn, &job, job.max_attempts, error).await;
-        }
+    let attempts = match recorded {
+        Ok(attempts) => attempts,
         Err(err) => {
             let _ = Tm::rollback_transaction(conn).await;
             return Err(ConnectionLost(err));
         }
     };
-    tracing::Span::current().record("attempt", attempt);
-    let Some(registration) = shared.registry.get(&job.kind) else {
-        let error = format!(
-            "unknown job type {:?}: no handler is registered for it in this runner",
-            job.kind
-        );
-        return finish_failed(shared, conn, &job, attempt, error).await;
-    };
+    let mut jobs: Vec<(PickedJob, Option<i32>)> = jobs.into_iter().zip(attempts).collect();
+
     // Otherwise wait for a free slot: at most `concurrency` handlers run at
-    // once. Lanes beyond that have their next job picked, locked and its
-    // attempt recorded meanwhile. A job that waits too long is handed back
-    // (and its attempt forgotten) rather than sit on its group.
+    // once. Lanes beyond that have their next jobs picked, locked and their
+    // attempts recorded meanwhile. Jobs that wait too long are handed back
+    // (and their attempts forgotten) rather than sit on their groups.
     let permit = match slot_now {
         Some(permit) => permit,
         None => {
@@ -133,89 +154,145 @@ async fn run_job(
                 () = shared.stop.cancelled() => None,
             };
             let Some(permit) = waited else {
-                return hand_back(shared, conn, &job, attempt).await;
+                hand_back(shared, jobs).await;
+                if !rollback_to(shared, conn, 0, backend_pid).await {
+                    return Err(ConnectionLost(
+                        "could not roll back jobs handed back".into(),
+                    ));
+                }
+                // Every slot is busy with long jobs: take nothing until one
+                // frees up, rather than lock and hand back pick after pick.
+                tokio::select! {
+                    permit = shared.slots.acquire() => drop(permit),
+                    () = shared.stop.cancelled() => {}
+                }
+                return Ok(Vec::new());
             };
-            // The job's connection may have died while it waited (a killed
-            // backend, a restart, the idle bound): another runner may
-            // already run the job. Setting the savepoint now proves that the
-            // transaction, and so its locks, is alive before the handler
-            // starts.
+            // The connection may have died while it waited (a killed
+            // backend, a restart, the idle bound): another runner may already
+            // run these jobs. Setting the savepoint now proves that the
+            // transaction, and so its locks, is alive before a handler starts.
             if let Err(err) = conn.batch_execute(SAVEPOINT).await {
-                shared.bookkeeper.forget_attempt(job.id, attempt).await;
+                hand_back(shared, jobs).await;
                 return Err(ConnectionLost(format!(
-                    "the connection of prefetched job {} failed before it started: {err}",
-                    job.id
+                    "the connection of prefetched jobs failed before they started: {err}"
                 )));
             }
             set_depth(conn, 2)?;
             permit
         }
     };
-    tracing::debug!("job started");
-    *run = shared.metrics.start(&job.queue, &job.kind);
 
+    let mut done: Vec<Done> = Vec::with_capacity(jobs.len());
+    let started = Instant::now();
+    let mut rest = jobs.drain(..);
+    while let Some((job, attempt)) = rest.next() {
+        if !done.is_empty() && (started.elapsed() >= batching.window || shared.stop.is_cancelled())
+        {
+            hand_back(shared, std::iter::once((job, attempt)).chain(rest)).await;
+            break;
+        }
+        let span = tracing::info_span!(
+            "pgfifo.job",
+            id = job.id,
+            kind = %job.kind,
+            queue = %job.queue,
+            group = job.group_id.as_deref().unwrap_or(""),
+            attempt = attempt,
+        );
+        match run_job(shared, conn, job, attempt, batching)
+            .instrument(span)
+            .await?
+        {
+            Step::Next(one) => done.push(one),
+            Step::Last(one) => {
+                done.push(one);
+                hand_back(shared, rest).await;
+                break;
+            }
+            Step::Aborted => {
+                hand_back(shared, rest).await;
+                break;
+            }
+        }
+    }
+    // The slot is free as soon as the handlers are done; writing the
+    // outcomes and committing overlap with the next handler.
+    drop(permit);
+    write(shared, conn, done, backend_pid, batching).await
+}
+
+/// What a job's run means for the rest of its pick.
+enum Step {
+    /// Decided; the next job may run in the same transaction.
+    Next(Done),
+    /// Decided; the handler took the connection, so the batch ends here.
+    Last(Done),
+    /// Aborted by shutdown: its attempt is forgotten, its writes discarded.
+    Aborted,
+}
+
+/// Runs one job of a pick (in the handlers' savepoint) to its outcome.
+async fn run_job(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    job: PickedJob,
+    attempt: Option<i32>,
+    batching: &mut Batching,
+) -> Result<Step, ConnectionLost> {
+    let Some(attempt) = attempt else {
+        let error = format!(
+            "attempt {0} of {0} never finished (its worker crashed, was killed or lost its \
+             connection); no attempts left",
+            job.max_attempts
+        );
+        let attempt = job.max_attempts;
+        return Ok(Step::Next(Done::failed(job, attempt, error)));
+    };
+    let Some(registration) = shared.registry.get(&job.kind) else {
+        let error = format!(
+            "unknown job type {:?}: no handler is registered for it in this runner",
+            job.kind
+        );
+        return Ok(Step::Next(Done::failed(job, attempt, error)));
+    };
+    tracing::debug!("job started");
+    let mut run = shared.metrics.start(&job.queue, &job.kind);
     let timeout = registration
         .timeout
         .unwrap_or(shared.config.default_timeout);
-    let ran = run_handler(shared, conn, &job, attempt, registration, timeout).await;
+    let handler_started = Instant::now();
+    let (ran, used_conn) = run_handler(shared, conn, &job, attempt, registration, timeout).await;
     if let Some(run) = run.as_mut() {
         run.handler_finished();
     }
-    // The slot is free as soon as the handler is done; writing the outcome and
-    // committing overlap with the next handler.
-    drop(permit);
+    if used_conn {
+        batching.single();
+    } else {
+        batching.ran(handler_started.elapsed());
+    }
 
     let failure = match ran {
+        Ran::Ok(result) if !used_conn => {
+            let mut one = Done::succeeded(job, attempt, result);
+            one.run = run;
+            return Ok(Step::Next(one));
+        }
         Ran::Ok(result) => match depth(conn) {
+            // Still inside the handlers' savepoint: the outcome is written
+            // after its deferred constraints are checked (see `write`).
             Some(2) => {
-                // Still inside the handler's savepoint: check the handler's
-                // deferred constraints now (a violation fails this attempt,
-                // with its error, instead of the COMMIT) and write the
-                // outcome, in one round trip. No RELEASE: COMMIT releases it.
-                let written = {
-                    let mut shared_conn: &AsyncPgConnection = conn;
-                    let (checked, completed) = tokio::join!(
-                        shared_conn.batch_execute(CHECK_CONSTRAINTS),
-                        sql::complete(
-                            conn,
-                            &job,
-                            attempt,
-                            Outcome::Succeeded,
-                            None,
-                            result.as_ref(),
-                            None
-                        )
-                    );
-                    checked.and(completed)
-                };
-                match written {
-                    Ok(()) => {
-                        return Ok(Some(outcome_event(
-                            &job,
-                            attempt,
-                            Outcome::Succeeded,
-                            None,
-                            None,
-                        )))
-                    }
-                    Err(err) if is_connection_error(&err) => {
-                        return Err(ConnectionLost(format!(
-                            "writing the outcome of job {}: {err}",
-                            job.id
-                        )))
-                    }
-                    Err(err) => FailureText::retry(format!(
-                        "the job's transaction failed when its success was written \
-                         (a database error the handler did not return?): {err}"
-                    )),
-                }
+                let mut one = Done::succeeded(job, attempt, result);
+                one.wrote = true;
+                one.run = run;
+                return Ok(Step::Last(one));
             }
             Some(d) if d > 2 => {
                 FailureText::retry("the handler returned with a transaction of its own still open")
             }
             // The handler committed or rolled back the job's transaction (or
             // its savepoint) itself: the locks may be gone. Drop the
-            // connection; the job runs again.
+            // connection; the jobs run again.
             _ => {
                 shared.bookkeeper.note_error(
                     job.id,
@@ -239,13 +316,24 @@ async fn run_job(
         }
         Ran::Aborted => {
             // Counted as aborted before the event is broadcast.
-            drop(run.take());
-            return abort(shared, conn, &job, attempt).await;
+            drop(run);
+            shared
+                .bookkeeper
+                .forget_attempts(vec![(job.id, attempt)])
+                .await;
+            tracing::warn!("job aborted by shutdown; it will run again");
+            let discarded = !used_conn || rollback_to(shared, conn, 1, job.backend_pid).await;
+            let reason = "aborted by runner shutdown".to_owned();
+            shared.emit(event(&job, attempt, JobOutcome::Aborted { reason }));
+            return if discarded {
+                Ok(Step::Aborted)
+            } else {
+                Err(ConnectionLost("aborted by runner shutdown".into()))
+            };
         }
     };
-
     // Discard the handler's writes, keep the locks.
-    if !rollback_to(shared, conn, 1, job.backend_pid).await {
+    if used_conn && !rollback_to(shared, conn, 1, job.backend_pid).await {
         shared
             .bookkeeper
             .note_error(job.id, attempt, failure.message.clone());
@@ -254,31 +342,142 @@ async fn run_job(
             job.id, failure.message
         )));
     }
-    let (outcome, delay) = match failure.kind {
-        FailureKind::Retry { after } if attempt < job.max_attempts => (
-            Outcome::Retry,
-            Some(
-                after
-                    .map(|delay| delay.min(LONGEST_RETRY_DELAY))
-                    .unwrap_or_else(|| backoff(shared, registration, attempt)),
-            ),
-        ),
-        FailureKind::Cancel => (Outcome::Cancelled, None),
-        _ => (Outcome::Failed, None),
-    };
-    let message = if outcome == Outcome::Failed && matches!(failure.kind, FailureKind::Retry { .. })
-    {
-        format!(
-            "{} (attempt {attempt} of {}, no attempts left)",
-            failure.message, job.max_attempts
-        )
+    let mut one = Done::failure(shared, registration, job, attempt, failure);
+    one.run = run;
+    Ok(if used_conn {
+        Step::Last(one)
     } else {
-        failure.message
+        Step::Next(one)
+    })
+}
+
+/// Writes the outcomes of a pick's jobs in their transaction; the worker
+/// commits them. A handler that took the connection and succeeded is always
+/// the last: its deferred constraints are checked in the same round trip,
+/// and if they (or the outcome's write) fail, its writes are rolled back and
+/// the failure is written instead. If the database refuses the outcomes
+/// otherwise (an SQL error, not a lost connection), the error is noted on
+/// each attempt and the transaction rolled back: the jobs run again, their
+/// attempts counted (one job per pick for a while, so that a job whose
+/// outcome cannot be written does not take others down with it).
+async fn write(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    mut done: Vec<Done>,
+    backend_pid: i32,
+    batching: &mut Batching,
+) -> Result<Vec<Done>, ConnectionLost> {
+    if done.is_empty() {
+        return if rollback_to(shared, conn, 0, backend_pid).await {
+            Ok(Vec::new())
+        } else {
+            Err(ConnectionLost(
+                "could not roll back a pick that ran no job".into(),
+            ))
+        };
+    }
+    let check = done.last().is_some_and(|d| d.wrote) && depth(conn) == Some(2);
+    // Not pipelined with the COMMIT that follows: diesel prepares a statement
+    // in a round trip of its own the first time, which would let the COMMIT
+    // overtake the outcomes and release the jobs unfinished.
+    let written = if check {
+        let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
+        let mut shared_conn: &AsyncPgConnection = conn;
+        let (checked, completed) = tokio::join!(
+            shared_conn.batch_execute(CHECK_CONSTRAINTS),
+            sql::complete(conn, &completions)
+        );
+        checked.and(completed)
+    } else {
+        let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
+        sql::complete(conn, &completions).await
     };
-    finish(shared, conn, &job, attempt, outcome, &message, delay).await
+    let err = match written {
+        Ok(()) => return Ok(done),
+        Err(err) if is_connection_error(&err) => return Err(err.into()),
+        Err(err) => err,
+    };
+    if check && rollback_to(shared, conn, 1, backend_pid).await {
+        let last = done.pop().expect("checked above");
+        let registration = shared
+            .registry
+            .get(&last.job.kind)
+            .expect("the job's handler ran");
+        let failure = FailureText::retry(format!(
+            "the job's transaction failed when its success was written \
+             (a database error the handler did not return?): {err}"
+        ));
+        let run = last.run;
+        let mut failed = Done::failure(shared, registration, last.job, last.attempt, failure);
+        failed.run = run;
+        done.push(failed);
+        let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
+        match sql::complete(conn, &completions).await {
+            Ok(()) => return Ok(done),
+            Err(err) if is_connection_error(&err) => return Err(err.into()),
+            Err(err) => return refused(shared, conn, done, &err, backend_pid, batching).await,
+        }
+    }
+    refused(shared, conn, done, &err, backend_pid, batching).await
+}
+
+/// The database refused the outcomes: note the error on each attempt, roll
+/// back; the jobs run again. Dropping their runs counts them as aborted.
+async fn refused(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    done: Vec<Done>,
+    err: &diesel::result::Error,
+    backend_pid: i32,
+    batching: &mut Batching,
+) -> Result<Vec<Done>, ConnectionLost> {
+    batching.single();
+    for one in done {
+        let message = match &one.error {
+            Some(error) => format!("{error}; then writing this outcome failed: {err}"),
+            None => format!("the job succeeded, then writing its outcome failed: {err}"),
+        };
+        tracing::error!(id = one.job.id, error = %message,
+            "could not write the outcome of a job; it will run again");
+        shared
+            .bookkeeper
+            .note_error(one.job.id, one.attempt, message);
+    }
+    if rollback_to(shared, conn, 0, backend_pid).await {
+        Ok(Vec::new())
+    } else {
+        Err(ConnectionLost(err.to_string()))
+    }
+}
+
+/// Forgets the attempts of jobs that were picked but not started; they are
+/// released when the transaction ends and picked again.
+async fn hand_back(shared: &Shared, jobs: impl IntoIterator<Item = (PickedJob, Option<i32>)>) {
+    let attempts: Vec<(i64, i32)> = jobs
+        .into_iter()
+        .filter_map(|(job, attempt)| Some((job.id, attempt?)))
+        .collect();
+    if !attempts.is_empty() {
+        tracing::debug!(
+            jobs = attempts.len(),
+            "jobs handed back before they started"
+        );
+    }
+    shared.bookkeeper.forget_attempts(attempts).await;
+}
+
+/// How a handler run ended.
+enum Ran {
+    Ok(Option<serde_json::Value>),
+    Failed(crate::JobError),
+    BadPayload(serde_json::Error),
+    Panicked(String),
+    TimedOut(Duration),
+    Aborted,
 }
 
 /// Runs the handler with its timeout, catching panics, until done or aborted.
+/// Also says whether the handler took the job's connection.
 async fn run_handler(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
@@ -286,7 +485,7 @@ async fn run_handler(
     attempt: i32,
     registration: &Registration,
     timeout: Duration,
-) -> Ran {
+) -> (Ran, bool) {
     let mut ctx = JobContext {
         id: job.id,
         queue: &job.queue,
@@ -294,6 +493,7 @@ async fn run_handler(
         attempt: attempt as u32,
         max_attempts: job.max_attempts as u32,
         conn,
+        used_conn: false,
         result: None,
     };
     let outcome = {
@@ -309,187 +509,8 @@ async fn run_handler(
             () = shared.abort.cancelled() => Some(Ran::Aborted),
         }
     };
-    outcome.unwrap_or(Ran::Ok(ctx.result.take()))
-}
-
-/// A failure's message and what to do about it.
-struct FailureText {
-    kind: FailureKind,
-    message: String,
-}
-
-impl FailureText {
-    fn retry(message: impl Into<String>) -> Self {
-        Self {
-            kind: FailureKind::Retry { after: None },
-            message: message.into(),
-        }
-    }
-
-    fn permanent(message: String) -> Self {
-        Self {
-            kind: FailureKind::Permanent,
-            message,
-        }
-    }
-
-    fn from_job_error(err: crate::JobError) -> Self {
-        Self {
-            kind: err.kind(),
-            message: err.to_string(),
-        }
-    }
-}
-
-/// Writes a failure outcome in the job's transaction (at depth 1: the
-/// handler's writes are already rolled back); the caller commits it and then
-/// emits the returned event. If the database refuses the outcome (an SQL
-/// error, not a lost connection), the error is noted on the attempt and the
-/// transaction rolled back: the job runs again, its attempt counted.
-async fn finish(
-    shared: &Shared,
-    conn: &mut AsyncPgConnection,
-    job: &PickedJob,
-    attempt: i32,
-    outcome: Outcome,
-    error: &str,
-    delay: Option<Duration>,
-) -> Result<Option<JobEvent>, ConnectionLost> {
-    let delay_us = delay.map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    match sql::complete(conn, job, attempt, outcome, Some(error), None, delay_us).await {
-        Ok(()) => Ok(Some(outcome_event(
-            job,
-            attempt,
-            outcome,
-            Some(error),
-            delay,
-        ))),
-        Err(err) if is_connection_error(&err) => Err(err.into()),
-        Err(err) => {
-            let message = format!("{error}; then writing this outcome failed: {err}");
-            tracing::error!(error = %message, "could not write the outcome of a job; it will run again");
-            shared.bookkeeper.note_error(job.id, attempt, message);
-            if rollback_to(shared, conn, 0, job.backend_pid).await {
-                Ok(None)
-            } else {
-                Err(err.into())
-            }
-        }
-    }
-}
-
-/// Logs an outcome and builds its event (emitted once it is committed).
-fn outcome_event(
-    job: &PickedJob,
-    attempt: i32,
-    outcome: Outcome,
-    error: Option<&str>,
-    delay: Option<Duration>,
-) -> JobEvent {
-    let error = error.unwrap_or_default().to_owned();
-    let outcome = match outcome {
-        Outcome::Succeeded => {
-            tracing::debug!("job succeeded");
-            JobOutcome::Succeeded
-        }
-        Outcome::Retry => {
-            let delay = delay.unwrap_or_default();
-            tracing::warn!(error = %error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
-            JobOutcome::Retrying { error, delay }
-        }
-        Outcome::Failed => {
-            tracing::error!(error = %error, "job failed for good; kept as failed");
-            JobOutcome::Failed { error }
-        }
-        Outcome::Cancelled => {
-            tracing::info!(reason = %error, "job cancelled by its handler");
-            JobOutcome::Cancelled { reason: error }
-        }
-    };
-    event(job, attempt, outcome)
-}
-
-async fn finish_failed(
-    shared: &Shared,
-    conn: &mut AsyncPgConnection,
-    job: &PickedJob,
-    attempt: i32,
-    error: String,
-) -> Result<Option<JobEvent>, ConnectionLost> {
-    finish(shared, conn, job, attempt, Outcome::Failed, &error, None).await
-}
-
-/// Gives back a job that was taken but not started (no free slot in time, or
-/// the runner is stopping): forget its attempt and roll back, releasing its
-/// group at once.
-async fn hand_back(
-    shared: &Shared,
-    conn: &mut AsyncPgConnection,
-    job: &PickedJob,
-    attempt: i32,
-) -> Result<Option<JobEvent>, ConnectionLost> {
-    shared.bookkeeper.forget_attempt(job.id, attempt).await;
-    tracing::debug!("job handed back before it started");
-    if !rollback_to(shared, conn, 0, job.backend_pid).await {
-        return Err(ConnectionLost(
-            "could not roll back a job handed back".into(),
-        ));
-    }
-    // Every slot is busy with long jobs: take nothing until one frees up,
-    // rather than lock and hand back job after job.
-    tokio::select! {
-        permit = shared.slots.acquire() => drop(permit),
-        () = shared.stop.cancelled() => {}
-    }
-    Ok(None)
-}
-
-/// Shutdown deadline: forget the attempt (a graceful stop must not use up
-/// attempts), roll the whole transaction back; the job runs again later.
-async fn abort(
-    shared: &Shared,
-    conn: &mut AsyncPgConnection,
-    job: &PickedJob,
-    attempt: i32,
-) -> Result<Option<JobEvent>, ConnectionLost> {
-    shared.bookkeeper.forget_attempt(job.id, attempt).await;
-    let reason = "aborted by runner shutdown".to_owned();
-    tracing::warn!("job aborted by shutdown; it will run again");
-    let rolled_back = rollback_to(shared, conn, 0, job.backend_pid).await;
-    shared.emit(event(
-        job,
-        attempt,
-        JobOutcome::Aborted {
-            reason: reason.clone(),
-        },
-    ));
-    if rolled_back {
-        Ok(None)
-    } else {
-        Err(ConnectionLost(reason))
-    }
-}
-
-fn event(job: &PickedJob, attempt: i32, outcome: JobOutcome) -> JobEvent {
-    JobEvent {
-        id: job.id,
-        kind: job.kind.clone(),
-        queue: job.queue.clone(),
-        group: job.group_id.clone(),
-        attempt: attempt as u32,
-        outcome,
-    }
-}
-
-/// Exponential backoff from the type's base delay, capped, with jitter (half
-/// fixed, half random) so retries of many jobs spread out.
-fn backoff(shared: &Shared, registration: &Registration, attempt: i32) -> Duration {
-    let exponent = (attempt.max(1) - 1).min(30) as u32;
-    let full = registration
-        .backoff
-        .saturating_mul(1u32 << exponent)
-        .min(shared.config.max_backoff);
-    full / 2 + full.mul_f64(random_fraction() / 2.0)
+    let ran = outcome.unwrap_or_else(|| Ran::Ok(ctx.result.take()));
+    (ran, ctx.used_conn)
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

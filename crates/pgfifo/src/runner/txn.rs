@@ -33,11 +33,11 @@ impl From<diesel::result::Error> for ConnectionLost {
 /// The handler's savepoint: diesel's name for the savepoint of depth 1.
 pub(super) const SAVEPOINT: &str = "SAVEPOINT diesel_savepoint_1";
 /// Ends a job's transaction and opens the next one.
-pub(super) const COMMIT_AND_BEGIN: &str =
-    "COMMIT; BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true)";
+pub(super) const COMMIT_AND_BEGIN: &str = "COMMIT; BEGIN; SET LOCAL pgfifo.job_transaction = on";
 /// Opens a job transaction, marked so that `pgfifo.pick` and
-/// `pgfifo.complete` can tell it from autocommit (see `pgfifo.pick`).
-pub(super) const BEGIN_JOB: &str = "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true)";
+/// `pgfifo.complete` can tell it from autocommit (see `pgfifo.pick`). A
+/// utility statement: parsed, never planned or executed like a `SELECT`.
+pub(super) const BEGIN_JOB: &str = "BEGIN; SET LOCAL pgfifo.job_transaction = on";
 /// Checks the handler's deferred constraints before its success is written.
 pub(super) const CHECK_CONSTRAINTS: &str = "SET CONSTRAINTS ALL IMMEDIATE";
 

@@ -1,22 +1,23 @@
-//! One worker lane: pick a job, run it (`execute`), commit its outcome
+//! One worker lane: pick jobs, run them (`execute`), commit their outcomes
 //! together with the next pick; repeat while picks find work, then wait for a
 //! wake-up or the poll.
 //!
-//! The job's transaction (depth 1) is opened before the pick and holds the
-//! group and job row locks until the outcome commits. The handler runs inside
-//! a savepoint (depth 2): on failure, the savepoint is rolled back, which
+//! The jobs' transaction (depth 1) is opened before the pick and holds the
+//! group and job row locks until the outcomes commit. Handlers run inside a
+//! savepoint (depth 2): on failure, the savepoint is rolled back, which
 //! discards the handler's writes but keeps the locks, and the failure is
 //! written in the same transaction. Handlers' own `transaction` calls nest as
-//! further savepoints.
+//! further savepoints. A pick takes one job or, while handlers are short and
+//! leave the connection alone, several (see `execute`).
 
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
-use tracing::Instrument;
 
-use super::execute::{execute, Done};
+use super::execute::{execute, Batching};
+use super::outcome::Done;
 use super::txn::{depth, set_depth, ConnectionLost, Tm, BEGIN_JOB, COMMIT_AND_BEGIN};
 use super::Shared;
 use crate::db::sql::{self, Picked};
@@ -31,6 +32,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
     // `pgfifo.pick`); workers start at random places.
     let mut cursor = random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32;
     let mut failures = 0u32;
+    let mut batching = Batching::new(shared.config.max_batch, shared.config.batch_window);
     'slot: while !shared.stop.is_cancelled() {
         // Register for wake-ups before looking, so that a notification which
         // arrives while this slot picks is not lost.
@@ -43,7 +45,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         // Drain: keep picking while picks return work; never wait for a timer
         // while there is work. A finished job's outcome is written but its
         // COMMIT travels with the next pick (`pending`).
-        let mut pending: Option<Done> = None;
+        let mut pending: Vec<Done> = Vec::new();
         loop {
             turn = turn.wrapping_add(1);
             let step = if shared.stop.is_cancelled() {
@@ -51,7 +53,15 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
                     .await
                     .map(|()| false)
             } else {
-                run_one(&shared, &mut conn, turn, &mut cursor, &mut pending).await
+                run_pick(
+                    &shared,
+                    &mut conn,
+                    turn,
+                    &mut cursor,
+                    &mut batching,
+                    &mut pending,
+                )
+                .await
             };
             match step {
                 Ok(true) => failures = 0,
@@ -110,40 +120,47 @@ async fn connection(shared: &Shared) -> Option<PooledConnection> {
     }
 }
 
-/// Picks and runs one job. `Ok(false)`: nothing to do.
-async fn run_one(
+/// Picks and runs jobs. `Ok(false)`: nothing to do.
+async fn run_pick(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     turn: i32,
     cursor: &mut i32,
-    pending: &mut Option<Done>,
+    batching: &mut Batching,
+    pending: &mut Vec<Done>,
 ) -> Result<bool, ConnectionLost> {
-    let picked = match pending.take() {
-        // One round trip: commit the previous job, open the next transaction
+    let limit = batching.limit();
+    let picked = if !pending.is_empty() {
+        // One round trip: commit the previous jobs, open the next transaction
         // and pick. The simple-query COMMIT; BEGIN is written to the socket
         // before the pick. If the COMMIT fails, PostgreSQL skips the BEGIN and
         // pick refuses to run outside a transaction block, so no job ever
         // runs without its locks.
-        Some(done) => {
-            let (committed, picked) = {
-                let mut shared_conn: &AsyncPgConnection = conn;
-                tokio::join!(
-                    shared_conn.batch_execute(COMMIT_AND_BEGIN),
-                    sql::pick(conn, &shared.queues, turn, *cursor, &shared.idle_bounds)
+        let (committed, picked) = {
+            let mut shared_conn: &AsyncPgConnection = conn;
+            tokio::join!(
+                shared_conn.batch_execute(COMMIT_AND_BEGIN),
+                sql::pick(
+                    conn,
+                    &shared.queues,
+                    turn,
+                    *cursor,
+                    &shared.idle_bounds,
+                    limit
                 )
-            };
-            if let Err(err) = committed {
-                Tm::transaction_manager_status_mut(conn).set_in_error();
-                return Err(ConnectionLost(format!(
-                    "commit of job {} failed: {err}",
-                    done.event.id
-                )));
-            }
-            set_depth(conn, 1)?;
-            shared.committed(done);
-            picked
+            )
+        };
+        if let Err(err) = committed {
+            Tm::transaction_manager_status_mut(conn).set_in_error();
+            return Err(commit_failed(pending, &err));
         }
-        None => {
+        set_depth(conn, 1)?;
+        for done in pending.drain(..) {
+            shared.committed(done);
+        }
+        picked
+    } else {
+        {
             if depth(conn) != Some(1) {
                 if let Err(err) = conn.batch_execute(BEGIN_JOB).await {
                     Tm::transaction_manager_status_mut(conn).set_in_error();
@@ -151,15 +168,23 @@ async fn run_one(
                 }
                 set_depth(conn, 1)?;
             }
-            sql::pick(conn, &shared.queues, turn, *cursor, &shared.idle_bounds).await
+            sql::pick(
+                conn,
+                &shared.queues,
+                turn,
+                *cursor,
+                &shared.idle_bounds,
+                limit,
+            )
+            .await
         }
     };
-    let job = match picked {
-        Ok(Picked::Job(job)) => {
-            if let Some(slot) = job.slot {
+    let jobs = match picked {
+        Ok(Picked::Jobs(jobs)) => {
+            if let Some(slot) = jobs.iter().rev().find_map(|job| job.slot) {
                 *cursor = slot.wrapping_add(1);
             }
-            job
+            jobs
         }
         Ok(Picked::Retry(slot)) => {
             // A group changed under the pick: release it and look again.
@@ -190,36 +215,34 @@ async fn run_one(
             return Err(err.into());
         }
     };
-    let span = tracing::info_span!(
-        "pgfifo.job",
-        id = job.id,
-        kind = %job.kind,
-        queue = %job.queue,
-        group = job.group_id.as_deref().unwrap_or(""),
-        attempt = tracing::field::Empty,
-    );
-    *pending = execute(shared, conn, job).instrument(span).await?;
+    *pending = execute(shared, conn, jobs, batching).await?;
     Ok(true)
 }
 
-/// Commits the outcome written last, if any, and emits its event.
+/// Commits the outcomes written last, if any, and emits their events.
 async fn commit_pending(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
-    pending: &mut Option<Done>,
+    pending: &mut Vec<Done>,
 ) -> Result<(), ConnectionLost> {
-    if let Some(done) = pending.take() {
+    if !pending.is_empty() {
         if let Err(err) = conn.batch_execute("COMMIT").await {
             Tm::transaction_manager_status_mut(conn).set_in_error();
-            return Err(ConnectionLost(format!(
-                "commit of job {} failed: {err}",
-                done.event.id
-            )));
+            return Err(commit_failed(pending, &err));
         }
         set_depth(conn, 0)?;
-        shared.committed(done);
+        for done in pending.drain(..) {
+            shared.committed(done);
+        }
     }
     Ok(())
+}
+
+/// The error of a failed COMMIT of `pending` (whose runs count as aborted
+/// when dropped with it).
+fn commit_failed(pending: &[Done], err: &diesel::result::Error) -> ConnectionLost {
+    let ids: Vec<i64> = pending.iter().map(|done| done.job.id).collect();
+    ConnectionLost(format!("commit of jobs {ids:?} failed: {err}"))
 }
 
 /// Spreads polls of idle workers over ±25 % of the interval.

@@ -1,0 +1,297 @@
+//! [`RunnerConfig`]: how a runner works, with its defaults and checks.
+
+use std::time::Duration;
+
+use super::Retention;
+use crate::admin::RUNNER_ALIVE;
+use crate::{Error, Result};
+
+/// How a runner works. Start from `RunnerConfig::default()` and adjust:
+///
+/// ```
+/// use std::time::Duration;
+/// use pgfifo::RunnerConfig;
+///
+/// let config = RunnerConfig::default()
+///     .queues(["billing", "emails"])
+///     .concurrency(16)
+///     .poll_interval(Duration::from_millis(500));
+/// assert_eq!(config.concurrency, 16);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RunnerConfig {
+    /// The queues served; `None` (the default) serves every queue that has a
+    /// registered job type.
+    pub queues: Option<Vec<String>>,
+    /// How many jobs may run at once in this process (default 10). Each
+    /// running job holds one pooled connection.
+    pub concurrency: usize,
+    /// How many jobs may be taken ahead of a free slot (default
+    /// `concurrency / 2`, at least 1). While handlers run, these extra
+    /// connections commit finished jobs and pick the next ones, so a slot
+    /// that frees up starts its next job at once instead of after several
+    /// round trips. A prefetched job holds its group (nobody else can run
+    /// it) and counts an attempt from the moment it is taken. The runner
+    /// holds up to `concurrency + prefetch + 2` pooled connections, and
+    /// takes one more now and then for its heartbeat and gauges (and one
+    /// for each [`Retention`] pass): size the pool for
+    /// `concurrency + prefetch + 4` plus the application's needs.
+    pub prefetch: Option<usize>,
+    /// How often an idle runner looks for work when no notification arrives
+    /// (default 1 s). Notifications make new jobs start within milliseconds;
+    /// polling catches delayed jobs and retries whose time has come.
+    pub poll_interval: Duration,
+    /// The timeout of jobs whose type sets none (default 5 minutes).
+    pub default_timeout: Duration,
+    /// The longest retry delay (default 1 hour).
+    pub max_backoff: Duration,
+    /// How long [`RunnerHandle::shutdown`] lets running jobs finish before
+    /// aborting them (default 30 s).
+    pub shutdown_timeout: Duration,
+    /// How long, beyond a job's timeout, its transaction may sit idle before
+    /// PostgreSQL ends the session (default 30 s). This is what frees the
+    /// group of a worker that froze (SIGSTOP, a stalled VM) without closing
+    /// its connection: the server's `idle_in_transaction_session_timeout` is
+    /// set to the job's timeout plus this grace for each job's transaction.
+    pub idle_grace: Duration,
+    /// The runner's name: recorded with each attempt and as its row in
+    /// `pgfifo.runner`. Must be unique among live runners (default
+    /// `hostname:pid:xxxx`, with 4 random hex digits).
+    pub name: String,
+    /// How often the runner writes its heartbeat row in `pgfifo.runner`
+    /// (default 5 s, at most 15 s): its queues and how many jobs it runs
+    /// now, which `pgfifo status` reports. A runner whose heartbeat is older
+    /// than [`admin::RUNNER_ALIVE`](crate::admin::RUNNER_ALIVE) counts as
+    /// gone. The row is deleted on shutdown.
+    pub heartbeat_interval: Duration,
+    /// How often the sampled gauges of [`metrics`] (queue depth, group lag,
+    /// blocked groups) are read from the database (default 15 s); `None`
+    /// reads them never. The counters and the running gauge are recorded as
+    /// jobs run, whatever this is.
+    pub metrics_interval: Option<Duration>,
+    /// Deleting old finished jobs and idle groups (see [`Retention`]). The
+    /// default, `None`, deletes nothing: deleting history is opt-in.
+    pub retention: Option<Retention>,
+    /// The most jobs one transaction may run (default 16; 1 turns batching
+    /// off). A worker picks the heads of several free groups at once and
+    /// runs their handlers one after another in one transaction, with one
+    /// completion statement and one commit for all, while handlers are
+    /// short and leave the job's connection alone. A handler that takes
+    /// [`JobContext::conn`](crate::JobContext::conn) always ends its
+    /// transaction's batch, so jobs that write through it never share a
+    /// transaction with another job's writes. See `docs/performance.md`.
+    pub max_batch: usize,
+    /// No handler of a batch starts later than this after the batch's first
+    /// one (default 5 ms), which bounds how long a finished job waits for its
+    /// commit, and its group for its next job. Workers size their picks from
+    /// how long recent handlers took, so that a batch fits in this window.
+    pub batch_window: Duration,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            queues: None,
+            concurrency: 10,
+            prefetch: None,
+            poll_interval: Duration::from_secs(1),
+            default_timeout: Duration::from_secs(300),
+            max_backoff: Duration::from_secs(3600),
+            shutdown_timeout: Duration::from_secs(30),
+            idle_grace: Duration::from_secs(30),
+            name: default_name(),
+            heartbeat_interval: Duration::from_secs(5),
+            metrics_interval: Some(Duration::from_secs(15)),
+            retention: None,
+            max_batch: 16,
+            batch_window: Duration::from_millis(5),
+        }
+    }
+}
+
+impl RunnerConfig {
+    /// Serves only these queues.
+    pub fn queues<I, S>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.queues = Some(queues.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Runs at most `n` jobs at once.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Takes up to `n` jobs ahead of a free slot (see [`RunnerConfig::prefetch`]).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = Some(n);
+        self
+    }
+
+    /// Looks for work at least this often when idle.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// The timeout of job types that set none.
+    pub fn default_timeout(mut self, timeout: Duration) -> Self {
+        self.default_timeout = timeout;
+        self
+    }
+
+    /// The longest retry delay.
+    pub fn max_backoff(mut self, max: Duration) -> Self {
+        self.max_backoff = max;
+        self
+    }
+
+    /// How long shutdown waits for running jobs before aborting them.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// How long beyond its timeout a job's transaction may sit idle.
+    pub fn idle_grace(mut self, grace: Duration) -> Self {
+        self.idle_grace = grace;
+        self
+    }
+
+    /// The runner's name (unique among live runners).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Writes the heartbeat row this often.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// Samples the database's gauges this often (`None`: never).
+    pub fn metrics_interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.metrics_interval = interval.into();
+        self
+    }
+
+    /// Deletes old finished jobs and idle groups (`None`: nothing).
+    pub fn retention(mut self, retention: impl Into<Option<Retention>>) -> Self {
+        self.retention = retention.into();
+        self
+    }
+
+    /// Runs at most `n` jobs per transaction (see [`RunnerConfig::max_batch`]).
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n;
+        self
+    }
+
+    /// Starts no handler of a batch later than this after its first.
+    pub fn batch_window(mut self, window: Duration) -> Self {
+        self.batch_window = window;
+        self
+    }
+
+    /// Rejects settings that cannot work.
+    pub(super) fn validate(&self) -> Result<()> {
+        let invalid = |reason: &str| Err(Error::InvalidConfig(reason.into()));
+        if self.concurrency == 0 {
+            return invalid("concurrency must be at least 1");
+        }
+        if self.max_batch == 0 {
+            return invalid("max_batch must be at least 1 (1: one job per transaction)");
+        }
+        if self.poll_interval.is_zero() {
+            return invalid("poll_interval must be longer than zero");
+        }
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval > RUNNER_ALIVE / 2 {
+            return Err(Error::InvalidConfig(format!(
+                "heartbeat_interval must be longer than zero and at most {:?} (half the age \
+                 past which a runner counts as gone)",
+                RUNNER_ALIVE / 2
+            )));
+        }
+        if self.metrics_interval.is_some_and(|i| i.is_zero()) {
+            return invalid("metrics_interval must be longer than zero (or None)");
+        }
+        if self.name.is_empty() {
+            return invalid("name must not be empty");
+        }
+        match &self.retention {
+            Some(retention) => retention.validate(),
+            None => Ok(()),
+        }
+    }
+}
+
+fn default_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    let tag = (super::worker::random_fraction() * 65_536.0) as u16;
+    format!("{host}:{}:{tag:04x}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names_differ_by_a_random_tag() {
+        let name = default_name();
+        let parts: Vec<&str> = name.rsplitn(3, ':').collect();
+        assert_eq!(parts.len(), 3, "{name}");
+        assert_eq!(parts[0].len(), 4, "{name}");
+        assert!(parts[0].chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+        assert_eq!(parts[1], std::process::id().to_string());
+        assert!(!parts[2].is_empty());
+        // 16 bits of randomness: ten names are practically never all equal.
+        let names: std::collections::HashSet<_> = (0..10).map(|_| default_name()).collect();
+        assert!(names.len() > 1);
+    }
+
+    #[test]
+    fn the_default_config_is_valid_and_keeps_history() {
+        let config = RunnerConfig::default();
+        assert!(config.validate().is_ok());
+        assert_eq!(config.retention, None);
+        assert_eq!(config.heartbeat_interval, Duration::from_secs(5));
+        assert_eq!(config.metrics_interval, Some(Duration::from_secs(15)));
+        assert_eq!(config.max_batch, 16);
+    }
+
+    #[test]
+    fn unworkable_configs_are_rejected() {
+        let bad = [
+            RunnerConfig::default().concurrency(0),
+            RunnerConfig::default().poll_interval(Duration::ZERO),
+            RunnerConfig::default().heartbeat_interval(Duration::ZERO),
+            RunnerConfig::default().heartbeat_interval(RUNNER_ALIVE),
+            RunnerConfig::default().metrics_interval(Duration::ZERO),
+            RunnerConfig::default().name(""),
+            RunnerConfig::default().max_batch(0),
+            RunnerConfig::default().retention(Retention::default().batch_size(0)),
+        ];
+        for config in bad {
+            assert!(
+                matches!(config.validate(), Err(Error::InvalidConfig(_))),
+                "{config:?}"
+            );
+        }
+        let fine = RunnerConfig::default()
+            .metrics_interval(None)
+            .retention(Retention::default())
+            .heartbeat_interval(RUNNER_ALIVE / 2);
+        assert!(fine.validate().is_ok());
+    }
+}
