@@ -8,11 +8,15 @@
 -- timestamp (a batch insert gives every row the same now()).
 CREATE SEQUENCE pgfifo.job_id_seq AS bigint;
 
+-- Queue and group names are compared byte by byte (COLLATE "C") in every
+-- table: they are identifiers, not prose, and the hot paths' index lookups
+-- compare them all the time. With the database's collation (C.UTF-8,
+-- en_US.UTF-8, ...) each comparison goes through strcoll.
 CREATE TABLE pgfifo.job (
     id           bigint      PRIMARY KEY DEFAULT nextval('pgfifo.job_id_seq'),
-    queue        text        NOT NULL CHECK (octet_length(queue) BETWEEN 1 AND 128),
+    queue        text        COLLATE "C" NOT NULL CHECK (octet_length(queue) BETWEEN 1 AND 128),
     -- NULL: an ungrouped job, serialized with nothing.
-    group_id     text        CHECK (octet_length(group_id) BETWEEN 1 AND 256),
+    group_id     text        COLLATE "C" CHECK (octet_length(group_id) BETWEEN 1 AND 256),
     kind         text        NOT NULL CHECK (octet_length(kind) BETWEEN 1 AND 256),
     payload      jsonb       NOT NULL,
     -- queued: waiting, running (its row is locked by a runner) or waiting for
@@ -80,8 +84,8 @@ CREATE STATISTICS pgfifo.job_queue_state (mcv) ON queue, state FROM pgfifo.job;
 -- idle (through pgfifo.group_wake). Enqueuers never write this table, so an
 -- enqueue never waits for another transaction's group row.
 CREATE TABLE pgfifo.queue_group (
-    queue      text        NOT NULL,
-    group_id   text        NOT NULL,
+    queue      text        COLLATE "C" NOT NULL,
+    group_id   text        COLLATE "C" NOT NULL,
     slot       integer     NOT NULL,
     head_id    bigint,
     priority   smallint    NOT NULL DEFAULT 0,
@@ -108,7 +112,7 @@ CREATE INDEX queue_group_held_idx ON pgfifo.queue_group (queue, group_id)
 -- Per-queue settings an operator changes at run time. A queue without a row
 -- has the defaults.
 CREATE TABLE pgfifo.queue_setting (
-    queue          text        PRIMARY KEY,
+    queue          text        COLLATE "C" PRIMARY KEY,
     -- A paused queue keeps accepting jobs; no runner starts one.
     paused         boolean     NOT NULL DEFAULT false,
     -- What a head that failed for good does to its group: 'continue' (the
@@ -123,8 +127,8 @@ CREATE TABLE pgfifo.queue_setting (
 -- locks the group sees it and parks the group (makes it idle); promote leaves
 -- paused groups idle; resuming deletes the row and wakes the group.
 CREATE TABLE pgfifo.group_pause (
-    queue     text        NOT NULL,
-    group_id  text        NOT NULL,
+    queue     text        COLLATE "C" NOT NULL,
+    group_id  text        COLLATE "C" NOT NULL,
     paused_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (queue, group_id)
 );
@@ -144,8 +148,8 @@ CREATE TABLE pgfifo.runner (
 -- runner (pgfifo.promote) once the enqueuing transaction has committed.
 -- Insert-only for enqueuers, no unique key: an insert never waits.
 CREATE TABLE pgfifo.group_wake (
-    queue    text NOT NULL,
-    group_id text NOT NULL
+    queue    text COLLATE "C" NOT NULL,
+    group_id text COLLATE "C" NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0,
         autovacuum_vacuum_threshold = 200);
 CREATE INDEX group_wake_queue_idx ON pgfifo.group_wake (queue);
@@ -539,6 +543,7 @@ DECLARE
     v_turn    bigint := p_turn::bigint & 2147483647;
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
     v_count   integer := 0;
+    v_seen    integer := 0;
     v_idle    integer := 0;
     v_q       text;
     v_group   record;
@@ -593,14 +598,23 @@ BEGIN
                               AND g.slot BETWEEN v_lo AND v_hi AND g.ready_at <= v_now
                             ORDER BY g.slot
                         LOOP
-                            SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at INTO v_group
+                            -- A busy queue has more active groups than free
+                            -- ones: once jobs are picked, stop looking after a
+                            -- while instead of trying every group's lock.
+                            v_seen := v_seen + 1;
+                            EXIT queues WHEN v_count > 0 AND v_seen > 2 * v_limit + 8;
+                            -- (A pause committed while this statement runs is
+                            -- seen by the next pick.)
+                            SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
+                                   EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                           WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+                            INTO v_group
                             FROM pgfifo.queue_group AS g
                             WHERE g.queue = v_q AND g.group_id = v_cand.group_id
-                            FOR UPDATE SKIP LOCKED;
+                            FOR UPDATE OF g SKIP LOCKED;
                             CONTINUE WHEN NOT FOUND; -- busy: another runner holds it
                             IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL
-                               OR EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
-                                          WHERE p.queue = v_q AND p.group_id = v_group.group_id) THEN
+                               OR v_group.paused THEN
                                 -- Jobs are picked already: leave this group to
                                 -- a later pick (see above).
                                 CONTINUE WHEN v_count > 0;
@@ -663,9 +677,16 @@ BEGIN
                             END IF;
                             v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
                                                                 p_default_idle_ms));
-                            RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
-                                                v_job.payload, v_job.max_attempts + v_job.attempt_base,
-                                                v_group.slot;
+                            -- RETURN NEXT of the output columns, not RETURN
+                            -- QUERY: no query to start per job.
+                            id := v_job.id;
+                            queue := v_job.queue;
+                            group_id := v_job.group_id;
+                            kind := v_job.kind;
+                            payload := v_job.payload;
+                            max_attempts := v_job.max_attempts + v_job.attempt_base;
+                            slot := v_group.slot;
+                            RETURN NEXT;
                             v_count := v_count + 1;
                             EXIT queues WHEN v_count >= v_limit;
                         END LOOP;
@@ -682,9 +703,14 @@ BEGIN
                 LOOP
                     v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
                                                         p_default_idle_ms));
-                    RETURN QUERY SELECT v_job.id, v_job.queue, v_job.group_id, v_job.kind,
-                                        v_job.payload, v_job.max_attempts + v_job.attempt_base,
-                                        NULL::integer;
+                    id := v_job.id;
+                    queue := v_job.queue;
+                    group_id := v_job.group_id;
+                    kind := v_job.kind;
+                    payload := v_job.payload;
+                    max_attempts := v_job.max_attempts + v_job.attempt_base;
+                    slot := NULL;
+                    RETURN NEXT;
                     v_count := v_count + 1;
                 END LOOP;
                 EXIT queues WHEN v_count >= v_limit;
@@ -753,7 +779,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
-    v_advanced integer;
+    v_moved    bigint[];
     v_id       bigint;
     v_queue    text;
     v_group    text;
@@ -768,12 +794,37 @@ BEGIN
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)';
     END IF;
+    -- The common case, for all jobs in one statement: the group has a next
+    -- job, which becomes the head (a HOT update when it is ready at once).
+    -- Not for retries (the job stays the head) nor for failures that hold
+    -- their group.
+    WITH done AS (
+        SELECT t.done_id, t.q, t.grp
+        FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
+        WHERE t.grp IS NOT NULL AND t.outcome <> 'retry'
+          AND NOT (t.outcome = 'failed'
+                   AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                               WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
+    moved AS (
+        UPDATE pgfifo.queue_group AS g
+        SET head_id  = next.id,
+            priority = next.priority,
+            ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
+                            THEN g.ready_at ELSE next.run_after END
+        FROM done
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+            WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
+            ORDER BY j.id LIMIT 1) AS next
+        WHERE g.queue = done.q AND g.group_id = done.grp
+        RETURNING done.done_id)
+    SELECT array_agg(moved.done_id) INTO v_moved FROM moved;
     FOR v_i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
         v_id := p_ids[v_i];
         v_queue := p_queues[v_i];
         v_group := p_groups[v_i];
         v_outcome := p_outcomes[v_i];
-        CONTINUE WHEN v_group IS NULL;
+        CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
         IF v_outcome = 'retry' THEN
             UPDATE pgfifo.queue_group
             SET ready_at = v_now + p_retry_delay_us[v_i] * interval '1 microsecond'
@@ -784,28 +835,9 @@ BEGIN
             UPDATE pgfifo.queue_group SET head_id = v_id, ready_at = NULL
             WHERE queue = v_queue AND group_id = v_group;
         ELSE
-            -- The common case in one statement: the group has a next job,
-            -- which becomes the head (a HOT update when it is ready at once).
-            WITH next AS (
-                SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
-                WHERE j.queue = v_queue AND j.group_id = v_group AND j.state = 'queued'
-                  AND j.id <> v_id
-                ORDER BY j.id LIMIT 1),
-            moved AS (
-                UPDATE pgfifo.queue_group AS g
-                SET head_id  = next.id,
-                    priority = next.priority,
-                    ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
-                                    THEN g.ready_at ELSE next.run_after END
-                FROM next
-                WHERE g.queue = v_queue AND g.group_id = v_group
-                RETURNING 1)
-            SELECT count(*) INTO v_advanced FROM moved;
             -- No next job visible: advance_head decides whether the group is
             -- idle (it never waits; see there).
-            IF v_advanced = 0 THEN
-                PERFORM pgfifo.advance_head(v_queue, v_group, v_id);
-            END IF;
+            PERFORM pgfifo.advance_head(v_queue, v_group, v_id);
         END IF;
     END LOOP;
     UPDATE pgfifo.job AS j SET

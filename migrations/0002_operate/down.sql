@@ -8,5 +8,6 @@ DROP FUNCTION IF EXISTS pgfifo.resume_group(text, text);
 DROP FUNCTION IF EXISTS pgfifo.pause_group(text, text);
 DROP FUNCTION IF EXISTS pgfifo.skip_head(text, text, text);
 DROP FUNCTION IF EXISTS pgfifo.cancel_job(bigint, text);
+DROP FUNCTION IF EXISTS pgfifo.lock_group(text, text);
 DROP FUNCTION IF EXISTS pgfifo.retry_jobs(bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.require_read_committed(text);

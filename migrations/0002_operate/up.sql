@@ -124,6 +124,42 @@ BEGIN
 END
 $$;
 
+-- Locks a group's row for an operator's change, waiting a moment at most.
+-- A running job holds its group's row for its whole run; a runner's pick can
+-- also hold one for a few milliseconds without running its head (a group that
+-- changed under the pick, a finished job's group until its batch commits, a
+-- job taken ahead of a free slot). Returns false when the row is missing or
+-- still locked after the moment (a job runs): the caller must not wait for it.
+CREATE FUNCTION pgfifo.lock_group(p_queue text, p_group text) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM 1 FROM pgfifo.queue_group AS g
+    WHERE g.queue = p_queue AND g.group_id = p_group
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                   WHERE g.queue = p_queue AND g.group_id = p_group) THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('lock_timeout', '250ms', true);
+    BEGIN
+        PERFORM 1 FROM pgfifo.queue_group AS g
+        WHERE g.queue = p_queue AND g.group_id = p_group
+        FOR UPDATE;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+        RETURN FOUND;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', v_timeout, true);
+        RETURN false;
+    END;
+END
+$$;
+
 -- Cancels a queued job (waiting, scheduled or between retries). Returns
 -- 'cancelled', 'running' (its transaction holds it: nothing changed),
 -- 'not_queued' (finished already) or 'missing'. A cancelled head is replaced by
@@ -146,11 +182,11 @@ BEGIN
     END IF;
     IF v_job.group_id IS NOT NULL THEN
         -- Same lock order as pick: the group first, then the job.
-        SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
-        WHERE g.queue = v_job.queue AND g.group_id = v_job.group_id
-        FOR UPDATE SKIP LOCKED;
-        v_held := FOUND;
-        IF NOT v_held THEN
+        v_held := pgfifo.lock_group(v_job.queue, v_job.group_id);
+        IF v_held THEN
+            SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
+            WHERE g.queue = v_job.queue AND g.group_id = v_job.group_id;
+        ELSE
             -- Locked (a job of the group runs) or never promoted. A job other
             -- than the head can go without the group's lock.
             SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
@@ -189,10 +225,10 @@ DECLARE
     v_skipped integer;
 BEGIN
     PERFORM pgfifo.require_read_committed('skip-head');
-    SELECT g.head_id, g.ready_at INTO v_head, v_ready FROM pgfifo.queue_group AS g
-    WHERE g.queue = p_queue AND g.group_id = p_group
-    FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
+    IF pgfifo.lock_group(p_queue, p_group) THEN
+        SELECT g.head_id, g.ready_at INTO v_head, v_ready FROM pgfifo.queue_group AS g
+        WHERE g.queue = p_queue AND g.group_id = p_group;
+    ELSE
         IF EXISTS (SELECT 1 FROM pgfifo.queue_group AS g WHERE g.queue = p_queue AND g.group_id = p_group) THEN
             RAISE EXCEPTION 'the head of group % in queue % is running', p_group, p_queue
                 USING ERRCODE = 'lock_not_available',

@@ -58,13 +58,12 @@ pub(super) const LOOKUPS: &[Lookup] = &[
         label: "next_head_lookup",
         function: "pgfifo.complete",
         sql: "SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
-                WHERE j.queue = v_queue AND j.group_id = v_group AND j.state = 'queued'
-                  AND j.id <> v_id
-                ORDER BY j.id LIMIT 1",
+            WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
+            ORDER BY j.id LIMIT 1",
         params: &[
-            ("v_queue", "text", "'bench'"),
-            ("v_group", "text", "'g0'"),
-            ("v_id", "bigint", "$FIRST"),
+            ("q", "text", "'bench'"),
+            ("grp", "text", "'g0'"),
+            ("done_id", "bigint", "$FIRST"),
         ],
     },
 ];

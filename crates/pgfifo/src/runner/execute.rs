@@ -39,7 +39,7 @@ use tracing::Instrument;
 use super::outcome::{event, Done, FailureText};
 use super::txn::{
     depth, is_connection_error, rollback_to, set_depth, ConnectionLost, Tm, CHECK_CONSTRAINTS,
-    SAVEPOINT,
+    RELEASE, SAVEPOINT,
 };
 use super::{JobOutcome, Shared};
 use crate::db::sql::{self, Completion, PickedJob};
@@ -58,25 +58,43 @@ pub(super) struct Batching {
     max: usize,
     /// No handler of a batch starts later than this after its first one.
     window: Duration,
-    /// How many jobs the next pick takes.
-    limit: usize,
+    /// How many jobs fit in the window, from recent handlers' run times.
+    fit: usize,
+    /// How many jobs the last picks found: a pick that asks for more jobs
+    /// than there are free groups walks every busy one, and every lane
+    /// asking for many keeps more groups locked than there are.
+    found: usize,
     /// A moving average of recent handlers' run times, in seconds.
     average: f64,
 }
 
 impl Batching {
     pub(super) fn new(max: usize, window: Duration) -> Self {
+        let max = max.max(1);
         Self {
-            max: max.max(1),
+            max,
             window,
-            limit: 1,
+            fit: 1,
+            found: max,
             average: 0.0,
         }
     }
 
     /// How many jobs the next pick takes.
     pub(super) fn limit(&self) -> i32 {
-        self.limit as i32
+        self.fit.min(self.found).max(1) as i32
+    }
+
+    /// A pick asked for `asked` jobs and found `got` (0: nothing to do).
+    pub(super) fn picked(&mut self, asked: i32, got: usize) {
+        if got == 0 {
+            return;
+        }
+        self.found = if got < asked as usize {
+            got
+        } else {
+            (self.found * 2).min(self.max)
+        };
     }
 
     /// A handler that never took the connection ran for `took`.
@@ -87,13 +105,13 @@ impl Batching {
         } else {
             f64::INFINITY
         };
-        self.limit = fit.clamp(1.0, self.max as f64) as usize;
+        self.fit = fit.clamp(1.0, self.max as f64) as usize;
     }
 
     /// A handler took the connection, or the transaction failed: one job at
     /// a time until handlers show otherwise.
     fn single(&mut self) {
-        self.limit = 1;
+        self.fit = 1;
         self.average = self.average.max(self.window.as_secs_f64());
     }
 }
@@ -388,6 +406,22 @@ async fn write(
             sql::complete(conn, &completions)
         );
         checked.and(completed)
+    } else if depth(conn) == Some(2) {
+        // No handler wrote anything: release the savepoint first, in the same
+        // round trip. An update inside a savepoint of a row its transaction
+        // locked outside it makes PostgreSQL record both in a multixact,
+        // which every later reader of the row version must look up; the
+        // job's and the group's rows would each get one per job.
+        let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
+        let mut shared_conn: &AsyncPgConnection = conn;
+        let (released, completed) = tokio::join!(
+            shared_conn.batch_execute(RELEASE),
+            sql::complete(conn, &completions)
+        );
+        if released.is_ok() {
+            set_depth(conn, 1)?;
+        }
+        released.and(completed)
     } else {
         let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
         sql::complete(conn, &completions).await

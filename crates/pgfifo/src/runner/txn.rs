@@ -32,6 +32,8 @@ impl From<diesel::result::Error> for ConnectionLost {
 
 /// The handler's savepoint: diesel's name for the savepoint of depth 1.
 pub(super) const SAVEPOINT: &str = "SAVEPOINT diesel_savepoint_1";
+/// Ends the handlers' savepoint, keeping what is in it.
+pub(super) const RELEASE: &str = "RELEASE SAVEPOINT diesel_savepoint_1";
 /// Ends a job's transaction and opens the next one.
 pub(super) const COMMIT_AND_BEGIN: &str = "COMMIT; BEGIN; SET LOCAL pgfifo.job_transaction = on";
 /// Opens a job transaction, marked so that `pgfifo.pick` and

@@ -181,6 +181,7 @@ async fn run_pick(
     };
     let jobs = match picked {
         Ok(Picked::Jobs(jobs)) => {
+            batching.picked(limit, jobs.len());
             if let Some(slot) = jobs.iter().rev().find_map(|job| job.slot) {
                 *cursor = slot.wrapping_add(1);
             }
