@@ -779,14 +779,17 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
+    v_n        integer := coalesce(cardinality(p_ids), 0);
+    v_advanced integer;
     v_moved    bigint[];
     v_id       bigint;
     v_queue    text;
     v_group    text;
     v_outcome  text;
 BEGIN
-    IF EXISTS (SELECT 1 FROM unnest(p_outcomes) AS o
-               WHERE o IS NULL OR o NOT IN ('succeeded', 'retry', 'failed', 'cancelled')) THEN
+    -- (Array expressions, not queries: plpgsql evaluates them without
+    -- starting an executor.)
+    IF NOT coalesce(p_outcomes <@ ARRAY['succeeded', 'retry', 'failed', 'cancelled'], false) THEN
         RAISE EXCEPTION 'pgfifo complete: unknown outcome in %', p_outcomes;
     END IF;
     -- The jobs' transaction must still be the one that picked them: a
@@ -794,32 +797,34 @@ BEGIN
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)';
     END IF;
-    -- The common case, for all jobs in one statement: the group has a next
-    -- job, which becomes the head (a HOT update when it is ready at once).
-    -- Not for retries (the job stays the head) nor for failures that hold
-    -- their group.
-    WITH done AS (
-        SELECT t.done_id, t.q, t.grp
-        FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
-        WHERE t.grp IS NOT NULL AND t.outcome <> 'retry'
-          AND NOT (t.outcome = 'failed'
-                   AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
-                               WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
-    moved AS (
-        UPDATE pgfifo.queue_group AS g
-        SET head_id  = next.id,
-            priority = next.priority,
-            ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
-                            THEN g.ready_at ELSE next.run_after END
-        FROM done
-        CROSS JOIN LATERAL (
-            SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
-            WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
-            ORDER BY j.id LIMIT 1) AS next
-        WHERE g.queue = done.q AND g.group_id = done.grp
-        RETURNING done.done_id)
-    SELECT array_agg(moved.done_id) INTO v_moved FROM moved;
-    FOR v_i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+    -- The common case: the group has a next job, which becomes the head (a
+    -- HOT update when it is ready at once). Not for retries (the job stays
+    -- the head) nor for failures that hold their group. For several jobs, in
+    -- one statement for all; a single job takes the cheaper statement below.
+    IF v_n > 1 THEN
+        WITH done AS (
+            SELECT t.done_id, t.q, t.grp
+            FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
+            WHERE t.grp IS NOT NULL AND t.outcome <> 'retry'
+              AND NOT (t.outcome = 'failed'
+                       AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                                   WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
+        moved AS (
+            UPDATE pgfifo.queue_group AS g
+            SET head_id  = next.id,
+                priority = next.priority,
+                ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
+                                THEN g.ready_at ELSE next.run_after END
+            FROM done
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+                WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
+                ORDER BY j.id LIMIT 1) AS next
+            WHERE g.queue = done.q AND g.group_id = done.grp
+            RETURNING done.done_id)
+        SELECT array_agg(moved.done_id) INTO v_moved FROM moved;
+    END IF;
+    FOR v_i IN 1 .. v_n LOOP
         v_id := p_ids[v_i];
         v_queue := p_queues[v_i];
         v_group := p_groups[v_i];
@@ -835,24 +840,57 @@ BEGIN
             UPDATE pgfifo.queue_group SET head_id = v_id, ready_at = NULL
             WHERE queue = v_queue AND group_id = v_group;
         ELSE
+            v_advanced := 0;
+            IF v_n = 1 THEN
+                WITH next AS (
+                    SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+                    WHERE j.queue = v_queue AND j.group_id = v_group AND j.state = 'queued'
+                      AND j.id <> v_id
+                    ORDER BY j.id LIMIT 1),
+                moved AS (
+                    UPDATE pgfifo.queue_group AS g
+                    SET head_id  = next.id,
+                        priority = next.priority,
+                        ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
+                                        THEN g.ready_at ELSE next.run_after END
+                    FROM next
+                    WHERE g.queue = v_queue AND g.group_id = v_group
+                    RETURNING 1)
+                SELECT count(*) INTO v_advanced FROM moved;
+            END IF;
             -- No next job visible: advance_head decides whether the group is
             -- idle (it never waits; see there).
-            PERFORM pgfifo.advance_head(v_queue, v_group, v_id);
+            IF v_advanced = 0 THEN
+                PERFORM pgfifo.advance_head(v_queue, v_group, v_id);
+            END IF;
         END IF;
     END LOOP;
-    UPDATE pgfifo.job AS j SET
-        state       = CASE WHEN t.outcome = 'retry' THEN 'queued' ELSE t.outcome END,
-        attempts    = t.attempt,
-        last_error  = coalesce(t.error, j.last_error),
-        result      = t.result,
-        run_after   = CASE WHEN t.outcome = 'retry'
-                           THEN v_now + t.delay_us * interval '1 microsecond'
-                           ELSE j.run_after END,
-        finished_at = CASE WHEN t.outcome = 'retry' THEN NULL ELSE v_now END
-    FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
-         AS t(id, attempt, outcome, error, result, delay_us)
-    WHERE j.id = t.id;
-    IF EXISTS (SELECT 1 FROM unnest(p_errors) AS e WHERE e IS NOT NULL) THEN
+    IF v_n = 1 THEN
+        UPDATE pgfifo.job SET
+            state       = CASE WHEN v_outcome = 'retry' THEN 'queued' ELSE v_outcome END,
+            attempts    = p_attempts[1],
+            last_error  = coalesce(p_errors[1], last_error),
+            result      = p_results[1],
+            run_after   = CASE WHEN v_outcome = 'retry'
+                               THEN v_now + p_retry_delay_us[1] * interval '1 microsecond'
+                               ELSE run_after END,
+            finished_at = CASE WHEN v_outcome = 'retry' THEN NULL ELSE v_now END
+        WHERE id = v_id;
+    ELSE
+        UPDATE pgfifo.job AS j SET
+            state       = CASE WHEN t.outcome = 'retry' THEN 'queued' ELSE t.outcome END,
+            attempts    = t.attempt,
+            last_error  = coalesce(t.error, j.last_error),
+            result      = t.result,
+            run_after   = CASE WHEN t.outcome = 'retry'
+                               THEN v_now + t.delay_us * interval '1 microsecond'
+                               ELSE j.run_after END,
+            finished_at = CASE WHEN t.outcome = 'retry' THEN NULL ELSE v_now END
+        FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
+             AS t(id, attempt, outcome, error, result, delay_us)
+        WHERE j.id = t.id;
+    END IF;
+    IF cardinality(array_remove(p_errors, NULL)) > 0 THEN
         UPDATE pgfifo.job_attempt AS a SET error = t.error, finished_at = v_now
         FROM unnest(p_ids, p_attempts, p_errors) AS t(id, attempt, error)
         WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt;

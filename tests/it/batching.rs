@@ -7,7 +7,8 @@
 //! whose outcomes committed together have the same one.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
@@ -40,6 +41,24 @@ impl Handler for BatchFreeJob {
     }
 }
 
+/// When each run of a [`BatchSpanJob`] started and ended.
+static SPANS: Mutex<Vec<(Instant, Instant)>> = Mutex::new(Vec::new());
+
+/// Sleeps 20 ms without the connection, recording when it ran.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(queue = "batching_spans")]
+struct BatchSpanJob {}
+
+#[async_trait]
+impl Handler for BatchSpanJob {
+    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        SPANS.lock().expect("spans").push((start, Instant::now()));
+        Ok(())
+    }
+}
+
 /// Writes a row through the job's connection, then succeeds or fails.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(queue = "batching", max_attempts = 1)]
@@ -64,6 +83,8 @@ impl Handler for BatchWriteJob {
 
 #[derive(QueryableByName)]
 struct Row {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
     #[diesel(sql_type = Text)]
     xmin: String,
     #[diesel(sql_type = Text)]
@@ -76,7 +97,7 @@ struct Row {
 async fn rows(db: &TestDb, ids: &[JobId]) -> Vec<Row> {
     let mut conn = db.conn().await;
     diesel::sql_query(format!(
-        "SELECT xmin::text AS xmin, state, kind FROM pgfifo.job WHERE id IN ({})",
+        "SELECT id, xmin::text AS xmin, state, kind FROM pgfifo.job WHERE id IN ({})",
         id_list(ids)
     ))
     .load(&mut conn)
@@ -297,10 +318,14 @@ async fn a_handler_that_takes_the_connection_never_shares_its_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_window_bounds_a_batch_and_hands_back_the_rest() {
     let db = TestDb::new().await;
-    // 4 ms handlers, a 6 ms window: a batch runs at most two of them (the
-    // second starts at about 4 ms, a third would start past 6 ms).
-    let jobs = (0..32)
-        .map(|_| BatchFreeJob { fail: false, ms: 4 })
+    // Mostly no-op handlers (so picks take many jobs), every fourth one
+    // sleeping 15 ms, a 10 ms window: once a slow one has run, its batch
+    // starts no other job, so no transaction holds two slow ones.
+    let jobs = (0..48)
+        .map(|i| BatchFreeJob {
+            fail: false,
+            ms: if i % 4 == 0 { 15 } else { 0 },
+        })
         .collect();
     let ids = enqueue_one_per_group(&db, jobs).await;
     let runner = db
@@ -310,19 +335,80 @@ async fn the_window_bounds_a_batch_and_hands_back_the_rest() {
                 .concurrency(1)
                 .prefetch(1)
                 .max_batch(8)
-                .batch_window(Duration::from_millis(6)),
+                .batch_window(Duration::from_millis(10)),
         )
         .await;
     db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
     runner.shutdown().await.expect("shutdown");
+    let slow: Vec<JobId> = ids.iter().step_by(4).copied().collect();
     let rows = rows(&db, &ids).await;
-    for (xmin, tx) in per_transaction(&rows) {
+    let txs = per_transaction(&rows);
+    for (xmin, tx) in &txs {
+        let slow_ones = tx.iter().filter(|r| slow.contains(&r.id)).count();
         assert!(
-            tx.len() <= 2,
-            "transaction {xmin} ran {} jobs of 4 ms in a 6 ms window",
-            tx.len()
+            slow_ones <= 1,
+            "transaction {xmin} ran {slow_ones} jobs of 15 ms in a 10 ms window"
         );
     }
+    assert!(
+        txs.len() < ids.len(),
+        "no batch at all: the test shows nothing"
+    );
     // Jobs handed back unstarted did not keep the attempt recorded for them.
     assert_eq!(db.attempts_of(&ids).await, ids.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_slots_run_other_groups_side_by_side_instead_of_in_a_batch() {
+    let db = TestDb::new().await;
+    // 4 groups of 5 jobs of 20 ms, 4 slots, and a window that would let one
+    // lane take all 4 groups at once: while slots are free, a batch holds
+    // about 1 ms of handler time at most, so the groups run side by side.
+    let mut conn = db.conn().await;
+    let batch: Vec<pgfifo::NewJob> = (0..20)
+        .map(|i| {
+            let group = pgfifo::EnqueueOptions::group(format!("s{}", i % 4));
+            pgfifo::NewJob::new(&BatchSpanJob {}, group).expect("new job")
+        })
+        .collect();
+    let ids = pgfifo::enqueue_batch(&mut conn, batch)
+        .await
+        .expect("enqueue");
+    drop(conn);
+    let runner = db
+        .start_runner(
+            test_config()
+                .queues(["batching_spans"])
+                .concurrency(4)
+                .max_batch(8)
+                .batch_window(Duration::from_millis(200)),
+        )
+        .await;
+    db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
+    runner.shutdown().await.expect("shutdown");
+
+    let spans = SPANS.lock().expect("spans").clone();
+    assert_eq!(spans.len(), ids.len());
+    // The most runs at once: each start, against the runs it falls in.
+    let most = spans
+        .iter()
+        .map(|(start, _)| {
+            spans
+                .iter()
+                .filter(|(s, e)| s <= start && start < e)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(most >= 3, "at most {most} of 4 groups ran at once");
+    let rows = rows(&db, &ids).await;
+    let largest = per_transaction(&rows)
+        .values()
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        largest <= 2,
+        "a transaction ran {largest} jobs of 20 ms while slots were free"
+    );
 }

@@ -51,6 +51,11 @@ use crate::registry::{Registration, RunFailure};
 /// finish, short enough that groups do not sit locked behind a long job.
 const SLOT_PATIENCE: Duration = Duration::from_secs(2);
 
+/// While some of the runner's slots are free, a batch holds at most about
+/// this much handler time: free slots would run its jobs side by side
+/// instead of one after another.
+const SPARE_WINDOW: Duration = Duration::from_millis(1);
+
 /// How a lane sizes its picks (see the module documentation).
 #[derive(Debug)]
 pub(super) struct Batching {
@@ -58,14 +63,13 @@ pub(super) struct Batching {
     max: usize,
     /// No handler of a batch starts later than this after its first one.
     window: Duration,
-    /// How many jobs fit in the window, from recent handlers' run times.
-    fit: usize,
     /// How many jobs the last picks found: a pick that asks for more jobs
     /// than there are free groups walks every busy one, and every lane
     /// asking for many keeps more groups locked than there are.
     found: usize,
-    /// A moving average of recent handlers' run times, in seconds.
-    average: f64,
+    /// A moving average of recent handlers' run times, in seconds; `None`
+    /// when handlers take the connection (they never share a transaction).
+    average: Option<f64>,
 }
 
 impl Batching {
@@ -74,15 +78,30 @@ impl Batching {
         Self {
             max,
             window,
-            fit: 1,
             found: max,
-            average: 0.0,
+            average: None,
         }
     }
 
-    /// How many jobs the next pick takes.
-    pub(super) fn limit(&self) -> i32 {
-        self.fit.min(self.found).max(1) as i32
+    /// How many jobs the next pick takes. `spare`: some of the runner's
+    /// slots are free.
+    pub(super) fn limit(&self, spare: bool) -> i32 {
+        let Some(average) = self.average else {
+            return 1;
+        };
+        let window = if spare {
+            SPARE_WINDOW.min(self.window)
+        } else {
+            self.window
+        };
+        let fit = if average > 0.0 {
+            window.as_secs_f64() / average
+        } else {
+            f64::INFINITY
+        };
+        (fit.clamp(1.0, self.max as f64) as usize)
+            .min(self.found)
+            .max(1) as i32
     }
 
     /// A pick asked for `asked` jobs and found `got` (0: nothing to do).
@@ -99,20 +118,17 @@ impl Batching {
 
     /// A handler that never took the connection ran for `took`.
     fn ran(&mut self, took: Duration) {
-        self.average = 0.8 * self.average + 0.2 * took.as_secs_f64();
-        let fit = if self.average > 0.0 {
-            self.window.as_secs_f64() / self.average
-        } else {
-            f64::INFINITY
-        };
-        self.fit = fit.clamp(1.0, self.max as f64) as usize;
+        let took = took.as_secs_f64();
+        self.average = Some(match self.average {
+            Some(average) => 0.8 * average + 0.2 * took,
+            None => took,
+        });
     }
 
     /// A handler took the connection, or the transaction failed: one job at
     /// a time until handlers show otherwise.
     fn single(&mut self) {
-        self.fit = 1;
-        self.average = self.average.max(self.window.as_secs_f64());
+        self.average = None;
     }
 }
 
@@ -554,5 +570,41 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         s.clone()
     } else {
         "a non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn picks_fit_the_window_the_slots_and_what_was_found() {
+        let mut b = Batching::new(16, 5 * MS);
+        // Nothing known yet: one job.
+        assert_eq!(b.limit(false), 1);
+        // Handlers of 0.5 ms: ten fit in 5 ms; with free slots, two in 1 ms.
+        b.ran(MS / 2);
+        assert_eq!(b.limit(false), 10);
+        assert_eq!(b.limit(true), 2);
+        // A pick that found fewer than it asked for caps the next ones.
+        b.picked(10, 3);
+        assert_eq!(b.limit(false), 3);
+        b.picked(3, 3);
+        assert_eq!(b.limit(false), 6);
+        // Handlers that take the connection run one per transaction.
+        b.single();
+        assert_eq!(b.limit(false), 1);
+        // Instant handlers: up to max_batch.
+        b.ran(Duration::ZERO);
+        b.picked(1, 1);
+        b.picked(1, 1);
+        b.picked(1, 1);
+        assert_eq!(b.limit(true), 16);
+        // Handlers as long as the window: one at a time.
+        let mut slow = Batching::new(16, 5 * MS);
+        slow.ran(5 * MS);
+        assert_eq!(slow.limit(false), 1);
     }
 }

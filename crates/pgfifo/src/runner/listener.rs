@@ -103,14 +103,17 @@ async fn listen_on(
                     .map_err(|e| e.to_string());
             }
             // A notification: new groups first, then the workers.
+            // (Ungrouped jobs notify too, without wake rows: one lane at
+            // least.)
             Interrupt::Notified => {
-                promote_all(shared, conn).await?;
-                shared.wake.notify_waiters();
+                let promoted = promote_all(shared, conn).await?;
+                shared.wake_lanes(promoted as usize);
             }
             // The poll: also proves the connection is alive.
             Interrupt::Tick => {
-                if promote_all(shared, conn).await? > 0 {
-                    shared.wake.notify_waiters();
+                let promoted = promote_all(shared, conn).await?;
+                if promoted > 0 {
+                    shared.wake_lanes(promoted as usize);
                 }
             }
         }

@@ -135,6 +135,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Wakes up to `n` idle lanes (at least one). Waking every lane for every
+    /// notification would send each one to pick, and all but a few to find
+    /// nothing: at a few hundred enqueues a second that alone kept the
+    /// server's cores busy. A lane that finds work wakes the next one (see
+    /// the worker), so a burst still reaches every lane.
+    fn wake_lanes(&self, n: usize) {
+        for _ in 0..n.clamp(1, self.config.concurrency + self.prefetch) {
+            self.wake.notify_one();
+        }
+    }
+
     fn emit(&self, event: JobEvent) {
         // Nobody listening is fine.
         let _ = self.events.send(event);

@@ -129,7 +129,7 @@ async fn run_pick(
     batching: &mut Batching,
     pending: &mut Vec<Done>,
 ) -> Result<bool, ConnectionLost> {
-    let limit = batching.limit();
+    let limit = batching.limit(shared.slots.available_permits() > 0);
     let picked = if !pending.is_empty() {
         // One round trip: commit the previous jobs, open the next transaction
         // and pick. The simple-query COMMIT; BEGIN is written to the socket
@@ -182,6 +182,9 @@ async fn run_pick(
     let jobs = match picked {
         Ok(Picked::Jobs(jobs)) => {
             batching.picked(limit, jobs.len());
+            // There may be more: wake the next idle lane (which wakes the
+            // next if it finds work too).
+            shared.wake.notify_one();
             if let Some(slot) = jobs.iter().rev().find_map(|job| job.slot) {
                 *cursor = slot.wrapping_add(1);
             }
@@ -207,7 +210,7 @@ async fn run_pick(
                 .map_err(ConnectionLost)?;
             if promoted > 0 {
                 // The other lanes may be asleep with work now pickable.
-                shared.wake.notify_waiters();
+                shared.wake_lanes(promoted as usize);
             }
             return Ok(promoted > 0);
         }
