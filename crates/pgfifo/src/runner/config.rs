@@ -32,7 +32,10 @@ pub struct RunnerConfig {
     /// connections commit finished jobs and pick the next ones, so a slot
     /// that frees up starts its next job at once instead of after several
     /// round trips. A prefetched job holds its group (nobody else can run
-    /// it) and counts an attempt from the moment it is taken. The runner
+    /// it) and counts an attempt from the moment it is taken. While recent
+    /// handlers took less than a millisecond on average, these lanes rest:
+    /// slots then free up faster than prefetching could help, and the extra
+    /// lanes would only compete for the same groups. The runner
     /// holds up to `concurrency + prefetch + 2` pooled connections, and
     /// takes one more now and then for its heartbeat and gauges (and one
     /// for each [`Retention`] pass): size the pool for

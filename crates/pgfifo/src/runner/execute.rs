@@ -110,7 +110,10 @@ impl Batching {
             return;
         }
         self.found = if got < asked as usize {
-            got
+            // Halve rather than drop to `got`: the walk for free groups is
+            // bounded in pick, and lanes that all ask for one job at a time
+            // lose what batching gains.
+            got.max(self.found / 2)
         } else {
             (self.found * 2).min(self.max)
         };
@@ -300,10 +303,12 @@ async fn run_job(
     if let Some(run) = run.as_mut() {
         run.handler_finished();
     }
+    let took = handler_started.elapsed();
+    shared.handler_ran(took);
     if used_conn {
         batching.single();
     } else {
-        batching.ran(handler_started.elapsed());
+        batching.ran(took);
     }
 
     let failure = match ran {
@@ -590,9 +595,11 @@ mod tests {
         assert_eq!(b.limit(true), 2);
         // A pick that found fewer than it asked for caps the next ones.
         b.picked(10, 3);
-        assert_eq!(b.limit(false), 3);
-        b.picked(3, 3);
-        assert_eq!(b.limit(false), 6);
+        assert_eq!(b.limit(false), 8);
+        b.picked(8, 2);
+        assert_eq!(b.limit(false), 4);
+        b.picked(4, 4);
+        assert_eq!(b.limit(false), 8);
         // Handlers that take the connection run one per transaction.
         b.single();
         assert_eq!(b.limit(false), 1);

@@ -28,6 +28,7 @@ mod worker;
 pub use config::RunnerConfig;
 pub use maintenance::Retention;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,11 +131,33 @@ pub(crate) struct Shared {
     pub prefetch: usize,
     /// One permit per job allowed to run at once.
     pub slots: Semaphore,
+    /// Recent handlers' average run time, in µs (see `handler_ran`).
+    pub handler_us: AtomicU64,
     /// Metric handles and the running counts the heartbeat reports.
     pub metrics: metrics::Metrics,
 }
 
+/// Prefetch lanes rest while handlers take less than this on average: a
+/// slot then frees up again within a round trip or two, the lanes that run
+/// the handlers keep up without help, and more lanes would only compete for
+/// the same groups and rows.
+const PREFETCH_BELOW: Duration = Duration::from_millis(1);
+
 impl Shared {
+    /// Notes how long a handler ran (a moving average over all lanes).
+    fn handler_ran(&self, took: Duration) {
+        let took = took.as_micros().min(u64::MAX as u128) as u64;
+        let average = self.handler_us.load(Ordering::Relaxed);
+        // Lanes race here; losing an update now and then is fine.
+        self.handler_us
+            .store(average - average / 8 + took / 8, Ordering::Relaxed);
+    }
+
+    /// Whether prefetch lanes should rest (see [`PREFETCH_BELOW`]).
+    fn prefetch_rests(&self) -> bool {
+        self.handler_us.load(Ordering::Relaxed) < PREFETCH_BELOW.as_micros() as u64
+    }
+
     /// Wakes up to `n` idle lanes (at least one). Waking every lane for every
     /// notification would send each one to pick, and all but a few to find
     /// nothing: at a few hundred enqueues a second that alone kept the
@@ -222,6 +245,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         idle_bounds,
         prefetch,
         slots: Semaphore::new(config.concurrency),
+        handler_us: AtomicU64::new(0),
         metrics: metrics::Metrics::new(&queues),
         pool,
         queues,

@@ -23,6 +23,9 @@ use super::Shared;
 use crate::db::sql::{self, Picked};
 use crate::db::PooledConnection;
 
+/// How often a resting prefetch lane looks whether handlers got longer.
+const REST: Duration = Duration::from_millis(100);
+
 /// A wait for a pooled connection longer than this is logged.
 const SLOW_POOL: Duration = Duration::from_secs(1);
 
@@ -33,7 +36,19 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
     let mut cursor = random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32;
     let mut failures = 0u32;
     let mut batching = Batching::new(shared.config.max_batch, shared.config.batch_window);
+    // Lanes beyond `concurrency` take jobs ahead of a free slot, which only
+    // pays while handlers are long enough (see `Shared::prefetch_rests`).
+    let prefetch_lane = slot >= shared.config.concurrency;
     'slot: while !shared.stop.is_cancelled() {
+        if prefetch_lane && shared.prefetch_rests() {
+            // Resting lanes do not wait for wake-ups: they would take them
+            // from the lanes that work.
+            tokio::select! {
+                () = tokio::time::sleep(REST) => {}
+                () = shared.stop.cancelled() => {}
+            }
+            continue;
+        }
         // Register for wake-ups before looking, so that a notification which
         // arrives while this slot picks is not lost.
         let mut notified = pin!(shared.wake.notified());
@@ -48,7 +63,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         let mut pending: Vec<Done> = Vec::new();
         loop {
             turn = turn.wrapping_add(1);
-            let step = if shared.stop.is_cancelled() {
+            let step = if shared.stop.is_cancelled() || (prefetch_lane && shared.prefetch_rests()) {
                 commit_pending(&shared, &mut conn, &mut pending)
                     .await
                     .map(|()| false)
@@ -79,6 +94,10 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
             }
         }
         drop(conn);
+        if prefetch_lane && shared.prefetch_rests() && !shared.stop.is_cancelled() {
+            // Rest (above) without taking a wake-up meant for a working lane.
+            continue;
+        }
         let poll = jittered(shared.config.poll_interval);
         tokio::select! {
             () = &mut notified => {}
