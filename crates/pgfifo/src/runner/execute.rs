@@ -36,6 +36,7 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager}
 use futures_util::FutureExt;
 use tracing::Instrument;
 
+use super::batching::Batching;
 use super::outcome::{event, Done, FailureText};
 use super::txn::{
     depth, is_connection_error, rollback_to, set_depth, ConnectionLost, Tm, CHECK_CONSTRAINTS,
@@ -50,90 +51,6 @@ use crate::registry::{Registration, RunFailure};
 /// handed back. Long enough to cover the normal wait for a handler to
 /// finish, short enough that groups do not sit locked behind a long job.
 const SLOT_PATIENCE: Duration = Duration::from_secs(2);
-
-/// While some of the runner's slots are free, a batch holds at most about
-/// this much handler time: free slots would run its jobs side by side
-/// instead of one after another.
-const SPARE_WINDOW: Duration = Duration::from_millis(1);
-
-/// How a lane sizes its picks (see the module documentation).
-#[derive(Debug)]
-pub(super) struct Batching {
-    /// The most jobs one pick takes (`RunnerConfig::max_batch`).
-    max: usize,
-    /// No handler of a batch starts later than this after its first one.
-    window: Duration,
-    /// How many jobs the last picks found: a pick that asks for more jobs
-    /// than there are free groups walks every busy one, and every lane
-    /// asking for many keeps more groups locked than there are.
-    found: usize,
-    /// A moving average of recent handlers' run times, in seconds; `None`
-    /// when handlers take the connection (they never share a transaction).
-    average: Option<f64>,
-}
-
-impl Batching {
-    pub(super) fn new(max: usize, window: Duration) -> Self {
-        let max = max.max(1);
-        Self {
-            max,
-            window,
-            found: max,
-            average: None,
-        }
-    }
-
-    /// How many jobs the next pick takes. `spare`: some of the runner's
-    /// slots are free.
-    pub(super) fn limit(&self, spare: bool) -> i32 {
-        let Some(average) = self.average else {
-            return 1;
-        };
-        let window = if spare {
-            SPARE_WINDOW.min(self.window)
-        } else {
-            self.window
-        };
-        let fit = if average > 0.0 {
-            window.as_secs_f64() / average
-        } else {
-            f64::INFINITY
-        };
-        (fit.clamp(1.0, self.max as f64) as usize)
-            .min(self.found)
-            .max(1) as i32
-    }
-
-    /// A pick asked for `asked` jobs and found `got` (0: nothing to do).
-    pub(super) fn picked(&mut self, asked: i32, got: usize) {
-        if got == 0 {
-            return;
-        }
-        self.found = if got < asked as usize {
-            // Halve rather than drop to `got`: the walk for free groups is
-            // bounded in pick, and lanes that all ask for one job at a time
-            // lose what batching gains.
-            got.max(self.found / 2)
-        } else {
-            (self.found * 2).min(self.max)
-        };
-    }
-
-    /// A handler that never took the connection ran for `took`.
-    fn ran(&mut self, took: Duration) {
-        let took = took.as_secs_f64();
-        self.average = Some(match self.average {
-            Some(average) => 0.8 * average + 0.2 * took,
-            None => took,
-        });
-    }
-
-    /// A handler took the connection, or the transaction failed: one job at
-    /// a time until handlers show otherwise.
-    fn single(&mut self) {
-        self.average = None;
-    }
-}
 
 /// Runs a pick's jobs to their outcomes. Returns the outcomes that await
 /// their COMMIT (none when the transaction was rolled back), `Err` when the
@@ -224,7 +141,8 @@ pub(super) async fn execute(
     let started = Instant::now();
     let mut rest = jobs.drain(..);
     while let Some((job, attempt)) = rest.next() {
-        if !done.is_empty() && (started.elapsed() >= batching.window || shared.stop.is_cancelled())
+        if !done.is_empty()
+            && (started.elapsed() >= batching.window() || shared.stop.is_cancelled())
         {
             hand_back(shared, std::iter::once((job, attempt)).chain(rest)).await;
             break;
@@ -575,43 +493,5 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         s.clone()
     } else {
         "a non-string panic payload".to_owned()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn picks_fit_the_window_the_slots_and_what_was_found() {
-        let mut b = Batching::new(16, 5 * MS);
-        // Nothing known yet: one job.
-        assert_eq!(b.limit(false), 1);
-        // Handlers of 0.5 ms: ten fit in 5 ms; with free slots, two in 1 ms.
-        b.ran(MS / 2);
-        assert_eq!(b.limit(false), 10);
-        assert_eq!(b.limit(true), 2);
-        // A pick that found fewer than it asked for caps the next ones.
-        b.picked(10, 3);
-        assert_eq!(b.limit(false), 8);
-        b.picked(8, 2);
-        assert_eq!(b.limit(false), 4);
-        b.picked(4, 4);
-        assert_eq!(b.limit(false), 8);
-        // Handlers that take the connection run one per transaction.
-        b.single();
-        assert_eq!(b.limit(false), 1);
-        // Instant handlers: up to max_batch.
-        b.ran(Duration::ZERO);
-        b.picked(1, 1);
-        b.picked(1, 1);
-        b.picked(1, 1);
-        assert_eq!(b.limit(true), 16);
-        // Handlers as long as the window: one at a time.
-        let mut slow = Batching::new(16, 5 * MS);
-        slow.ran(5 * MS);
-        assert_eq!(slow.limit(false), 1);
     }
 }

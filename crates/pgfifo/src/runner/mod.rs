@@ -15,6 +15,7 @@
 //! finish until the deadline, then aborts the rest (their transactions roll
 //! back and the jobs run again later, without losing an attempt).
 
+mod batching;
 mod bookkeeper;
 mod config;
 mod execute;

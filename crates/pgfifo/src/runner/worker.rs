@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
 
-use super::execute::{execute, Batching};
+use super::batching::Batching;
+use super::execute::execute;
 use super::outcome::Done;
 use super::txn::{depth, set_depth, ConnectionLost, Tm, BEGIN_JOB, COMMIT_AND_BEGIN};
 use super::Shared;
