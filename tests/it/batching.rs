@@ -131,6 +131,23 @@ async fn enqueue_one_per_group<J: Job>(db: &TestDb, jobs: Vec<J>) -> Vec<JobId> 
         .expect("enqueue")
 }
 
+/// One lane and one prefetch lane, batches of up to `max_batch` jobs.
+fn one_lane(max_batch: usize) -> pgfifo::RunnerConfig {
+    test_config()
+        .queues([QUEUE])
+        .concurrency(1)
+        .prefetch(1)
+        .max_batch(max_batch)
+}
+
+/// Runs `config` until every job of `ids` succeeded, then reads the jobs.
+async fn drain(db: &TestDb, config: pgfifo::RunnerConfig, ids: &[JobId]) -> Vec<Row> {
+    let runner = db.start_runner(config).await;
+    db.wait_jobs_in(ids, "succeeded", LIMIT).await;
+    runner.shutdown().await.expect("shutdown");
+    rows(db, ids).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_jobs_that_leave_the_connection_alone_share_transactions() {
     let db = TestDb::new().await;
@@ -138,19 +155,7 @@ async fn short_jobs_that_leave_the_connection_alone_share_transactions() {
         .map(|_| BatchFreeJob { fail: false, ms: 0 })
         .collect();
     let ids = enqueue_one_per_group(&db, jobs).await;
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(1)
-                .prefetch(1)
-                .max_batch(8),
-        )
-        .await;
-    db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
-    runner.shutdown().await.expect("shutdown");
-
-    let rows = rows(&db, &ids).await;
+    let rows = drain(&db, one_lane(8), &ids).await;
     let txs = per_transaction(&rows);
     let largest = txs.values().map(Vec::len).max().unwrap_or(0);
     assert!(
@@ -173,18 +178,7 @@ async fn max_batch_one_gives_every_job_its_own_transaction() {
         .map(|_| BatchFreeJob { fail: false, ms: 0 })
         .collect();
     let ids = enqueue_one_per_group(&db, jobs).await;
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(1)
-                .prefetch(1)
-                .max_batch(1),
-        )
-        .await;
-    db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
-    runner.shutdown().await.expect("shutdown");
-    let rows = rows(&db, &ids).await;
+    let rows = drain(&db, one_lane(1), &ids).await;
     assert_eq!(per_transaction(&rows).len(), ids.len());
 }
 
@@ -198,15 +192,7 @@ async fn a_failure_in_a_batch_keeps_to_its_job() {
         })
         .collect();
     let ids = enqueue_one_per_group(&db, jobs).await;
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(1)
-                .prefetch(1)
-                .max_batch(8),
-        )
-        .await;
+    let runner = db.start_runner(one_lane(8)).await;
     let failing: Vec<JobId> = ids.iter().step_by(3).copied().collect();
     let passing: Vec<JobId> = ids
         .iter()
@@ -261,15 +247,7 @@ async fn a_handler_that_takes_the_connection_never_shares_its_writes() {
         .await
         .expect("enqueue");
     drop(conn);
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(1)
-                .prefetch(1)
-                .max_batch(8),
-        )
-        .await;
+    let runner = db.start_runner(one_lane(8)).await;
     let by_kind = |rem: usize| -> Vec<JobId> {
         ids.iter()
             .enumerate()
@@ -328,20 +306,9 @@ async fn the_window_bounds_a_batch_and_hands_back_the_rest() {
         })
         .collect();
     let ids = enqueue_one_per_group(&db, jobs).await;
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(1)
-                .prefetch(1)
-                .max_batch(8)
-                .batch_window(Duration::from_millis(10)),
-        )
-        .await;
-    db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
-    runner.shutdown().await.expect("shutdown");
+    let config = one_lane(8).batch_window(Duration::from_millis(10));
+    let rows = drain(&db, config, &ids).await;
     let slow: Vec<JobId> = ids.iter().step_by(4).copied().collect();
-    let rows = rows(&db, &ids).await;
     let txs = per_transaction(&rows);
     for (xmin, tx) in &txs {
         let slow_ones = tx.iter().filter(|r| slow.contains(&r.id)).count();
