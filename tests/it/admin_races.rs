@@ -156,3 +156,44 @@ async fn admin_operations_refuse_a_repeatable_read_transaction() {
         "a clear error: {err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_head_waits_out_a_moment_of_lock_but_not_a_running_job() {
+    let fx = Fx::new().await;
+    let first = fx.push("g", 0, Mode::Ok).await;
+    fx.push("g", 1, Mode::Ok).await;
+    promote(&fx).await;
+    assert_eq!(head(&fx, "g").await, (Some(first), true));
+
+    // A pick that holds the group for a moment (a changed group, a batch
+    // about to commit): skip-head waits for it instead of calling the head
+    // running.
+    let mut picker = hold_group_row(&fx, "g").await;
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        picker.batch_execute("COMMIT").await.unwrap();
+    });
+    let mut conn = fx.conn().await;
+    let started = std::time::Instant::now();
+    let skipped = admin::skip_head(&mut conn, QUEUE, "g", None).await.unwrap();
+    assert_eq!(skipped, Some(first));
+    assert!(started.elapsed() >= std::time::Duration::from_millis(90));
+    release.await.unwrap();
+
+    // A running job holds it for longer: busy after the moment, at once.
+    let mut runner = hold_group_row(&fx, "g").await;
+    let started = std::time::Instant::now();
+    let err = admin::skip_head(&mut conn, QUEUE, "g", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, pgfifo::Error::GroupBusy { .. }),
+        "expected GroupBusy, got {err:?}"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(2),
+        "waited {waited:?} for a running job"
+    );
+    runner.batch_execute("COMMIT").await.unwrap();
+}
