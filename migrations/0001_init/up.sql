@@ -543,6 +543,7 @@ DECLARE
     v_turn    bigint := p_turn::bigint & 2147483647;
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
     v_count   integer := 0;
+    v_ids     bigint[] := '{}';
     v_seen    integer := 0;
     v_idle    integer := 0;
     v_q       text;
@@ -613,6 +614,11 @@ BEGIN
                             WHERE g.queue = v_q AND g.group_id = v_cand.group_id
                             FOR UPDATE OF g SKIP LOCKED;
                             CONTINUE WHEN NOT FOUND; -- busy: another runner holds it
+                            -- Taken by this very pick already: a lock this
+                            -- transaction holds is granted to it again (the group
+                            -- can turn up at a lower priority level, whose read
+                            -- comes later).
+                            CONTINUE WHEN v_group.head_id = ANY (v_ids);
                             IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL
                                OR v_group.paused THEN
                                 -- Jobs are picked already: leave this group to
@@ -687,6 +693,7 @@ BEGIN
                             max_attempts := v_job.max_attempts + v_job.attempt_base;
                             slot := v_group.slot;
                             RETURN NEXT;
+                            v_ids := v_ids || v_job.id;
                             v_count := v_count + 1;
                             EXIT queues WHEN v_count >= v_limit;
                         END LOOP;
@@ -697,6 +704,7 @@ BEGIN
                 FOR v_job IN
                     SELECT * FROM pgfifo.job AS j
                     WHERE j.queue = v_q AND j.group_id IS NULL AND j.state = 'queued' AND j.run_after <= v_now
+                      AND j.id <> ALL (v_ids)
                     ORDER BY j.priority DESC, j.run_after, j.id
                     LIMIT v_limit - v_count
                     FOR UPDATE SKIP LOCKED
@@ -711,6 +719,7 @@ BEGIN
                     max_attempts := v_job.max_attempts + v_job.attempt_base;
                     slot := NULL;
                     RETURN NEXT;
+                    v_ids := v_ids || v_job.id;
                     v_count := v_count + 1;
                 END LOOP;
                 EXIT queues WHEN v_count >= v_limit;

@@ -135,6 +135,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_timeout text := current_setting('lock_timeout');
+    v_found   boolean;
 BEGIN
     PERFORM 1 FROM pgfifo.queue_group AS g
     WHERE g.queue = p_queue AND g.group_id = p_group
@@ -151,8 +152,9 @@ BEGIN
         PERFORM 1 FROM pgfifo.queue_group AS g
         WHERE g.queue = p_queue AND g.group_id = p_group
         FOR UPDATE;
+        v_found := FOUND; -- (deleted while waiting: false)
         PERFORM set_config('lock_timeout', v_timeout, true);
-        RETURN FOUND;
+        RETURN v_found;
     EXCEPTION WHEN lock_not_available THEN
         PERFORM set_config('lock_timeout', v_timeout, true);
         RETURN false;

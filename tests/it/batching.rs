@@ -379,3 +379,39 @@ async fn free_slots_run_other_groups_side_by_side_instead_of_in_a_batch() {
         "a transaction ran {largest} jobs of 20 ms while slots were free"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_never_returns_a_job_twice() {
+    let db = TestDb::new().await;
+    let jobs = (0..3)
+        .map(|_| BatchFreeJob { fail: false, ms: 0 })
+        .collect();
+    let ids = enqueue_one_per_group(&db, jobs).await;
+    db.scalar(&format!("SELECT pgfifo.promote(ARRAY['{QUEUE}'], 100)"))
+        .await;
+    // The queue named twice: its second visit meets the groups and jobs this
+    // transaction already locked, which PostgreSQL grants it again.
+    let mut conn = db.direct().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "BEGIN; SET LOCAL pgfifo.job_transaction = on",
+    )
+    .await
+    .expect("begin");
+    #[derive(QueryableByName)]
+    struct Picked {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let picked: Vec<Picked> = diesel::sql_query(format!(
+        "SELECT id FROM pgfifo.pick(ARRAY['{QUEUE}', '{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 8)"
+    ))
+    .load(&mut conn)
+    .await
+    .expect("pick");
+    let mut got: Vec<i64> = picked.iter().map(|p| p.id).collect();
+    got.sort_unstable();
+    let mut want = ids.clone();
+    want.sort_unstable();
+    assert_eq!(got, want, "each job once");
+}

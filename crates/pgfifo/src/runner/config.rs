@@ -211,6 +211,12 @@ impl RunnerConfig {
         if self.max_batch == 0 {
             return invalid("max_batch must be at least 1 (1: one job per transaction)");
         }
+        // A batch of handlers that leave the connection alone is one idle
+        // stretch of its transaction, up to the window plus the last
+        // handler's run: the idle bound (timeout + grace) must cover it.
+        if self.batch_window >= self.idle_grace {
+            return invalid("batch_window must be shorter than idle_grace");
+        }
         if self.poll_interval.is_zero() {
             return invalid("poll_interval must be longer than zero");
         }
@@ -283,6 +289,7 @@ mod tests {
             RunnerConfig::default().metrics_interval(Duration::ZERO),
             RunnerConfig::default().name(""),
             RunnerConfig::default().max_batch(0),
+            RunnerConfig::default().batch_window(Duration::from_secs(30)),
             RunnerConfig::default().retention(Retention::default().batch_size(0)),
         ];
         for config in bad {

@@ -80,6 +80,10 @@ pub(super) async fn execute(
     };
     match savepoint {
         Some(Err(err)) => {
+            if let Ok(attempts) = &recorded {
+                let started = jobs.iter().zip(attempts);
+                forget(shared, started.map(|(job, attempt)| (job.id, *attempt))).await;
+            }
             let _ = Tm::rollback_transaction(conn).await;
             return Err(err.into());
         }
@@ -94,6 +98,18 @@ pub(super) async fn execute(
         }
     };
     let mut jobs: Vec<(PickedJob, Option<i32>)> = jobs.into_iter().zip(attempts).collect();
+    // A job on its last attempt must not have it counted while it waits
+    // behind other handlers: if the process died meanwhile, it would fail
+    // without having run. Its record is taken back now and made again just
+    // before its handler starts.
+    let mut deferred = Vec::new();
+    for (job, attempt) in jobs.iter_mut().skip(1) {
+        if *attempt == Some(job.max_attempts) {
+            deferred.push((job.id, job.max_attempts));
+            *attempt = None;
+        }
+    }
+    shared.bookkeeper.forget_attempts(deferred.clone()).await;
 
     // Otherwise wait for a free slot: at most `concurrency` handlers run at
     // once. Lanes beyond that have their next jobs picked, locked and their
@@ -140,12 +156,25 @@ pub(super) async fn execute(
     let mut done: Vec<Done> = Vec::with_capacity(jobs.len());
     let started = Instant::now();
     let mut rest = jobs.drain(..);
-    while let Some((job, attempt)) = rest.next() {
+    while let Some((job, mut attempt)) = rest.next() {
         if !done.is_empty()
             && (started.elapsed() >= batching.window() || shared.stop.is_cancelled())
         {
             hand_back(shared, std::iter::once((job, attempt)).chain(rest)).await;
             break;
+        }
+        if deferred.contains(&(job.id, job.max_attempts)) {
+            match shared
+                .bookkeeper
+                .start_attempts(vec![(job.id, job.max_attempts)])
+                .await
+            {
+                Ok(recorded) => attempt = recorded.first().copied().flatten(),
+                Err(err) => {
+                    hand_back(shared, rest).await;
+                    return Err(ConnectionLost(err));
+                }
+            }
         }
         let span = tracing::info_span!(
             "pgfifo.job",
@@ -155,10 +184,20 @@ pub(super) async fn execute(
             group = job.group_id.as_deref().unwrap_or(""),
             attempt = attempt,
         );
-        match run_job(shared, conn, job, attempt, batching)
+        let step = match run_job(shared, conn, job, attempt, batching)
             .instrument(span)
-            .await?
+            .await
         {
+            Ok(step) => step,
+            Err(lost) => {
+                // The process goes on: the jobs that did not start keep no
+                // attempt (they run again elsewhere once the connection is
+                // gone and the transaction with it).
+                hand_back(shared, rest).await;
+                return Err(lost);
+            }
+        };
+        match step {
             Step::Next(one) => done.push(one),
             Step::Last(one) => {
                 done.push(one);
@@ -426,9 +465,18 @@ async fn refused(
 /// Forgets the attempts of jobs that were picked but not started; they are
 /// released when the transaction ends and picked again.
 async fn hand_back(shared: &Shared, jobs: impl IntoIterator<Item = (PickedJob, Option<i32>)>) {
-    let attempts: Vec<(i64, i32)> = jobs
-        .into_iter()
-        .filter_map(|(job, attempt)| Some((job.id, attempt?)))
+    forget(
+        shared,
+        jobs.into_iter().map(|(job, attempt)| (job.id, attempt)),
+    )
+    .await;
+}
+
+/// Deletes the recorded attempts `(job id, attempt)` of jobs that did not
+/// start.
+async fn forget(shared: &Shared, attempts: impl Iterator<Item = (i64, Option<i32>)>) {
+    let attempts: Vec<(i64, i32)> = attempts
+        .filter_map(|(id, attempt)| Some((id, attempt?)))
         .collect();
     if !attempts.is_empty() {
         tracing::debug!(

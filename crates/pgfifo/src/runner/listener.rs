@@ -133,6 +133,7 @@ pub(super) async fn promote_all(
             .map_err(|e| e.to_string())?;
         total += n;
         if n < PROMOTE_BATCH {
+            shared.promoted_now();
             return Ok(total);
         }
     }

@@ -10,11 +10,12 @@
 //! further savepoints. A pick takes one job or, while handlers are short and
 //! leave the connection alone, several (see `execute`).
 
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
+use tokio::sync::futures::Notified;
 
 use super::batching::Batching;
 use super::execute::execute;
@@ -26,6 +27,9 @@ use crate::db::PooledConnection;
 
 /// How often a resting prefetch lane looks whether handlers got longer.
 const REST: Duration = Duration::from_millis(100);
+
+/// A lane's registration for wake-ups (`Shared::wake`).
+type Registration<'a> = Pin<Box<Notified<'a>>>;
 
 /// A wait for a pooled connection longer than this is logged.
 const SLOW_POOL: Duration = Duration::from_secs(1);
@@ -50,19 +54,24 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
             }
             continue;
         }
-        // Register for wake-ups before looking, so that a notification which
-        // arrives while this slot picks is not lost.
-        let mut notified = pin!(shared.wake.notified());
-        notified.as_mut().enable();
-
         let Some(mut conn) = connection(&shared).await else {
             continue;
         };
+        // Registered for wake-ups before each look, so that a notification
+        // which arrives while this lane picks is not lost; dropped as soon as
+        // a pick finds work, so that wake-ups go to lanes that are idle, not
+        // to this one while it runs handlers.
+        let mut registration: Option<Registration<'_>> = None;
         // Drain: keep picking while picks return work; never wait for a timer
         // while there is work. A finished job's outcome is written but its
         // COMMIT travels with the next pick (`pending`).
         let mut pending: Vec<Done> = Vec::new();
         loop {
+            if registration.is_none() {
+                let mut notified = Box::pin(shared.wake.notified());
+                notified.as_mut().enable();
+                registration = Some(notified);
+            }
             turn = turn.wrapping_add(1);
             let step = if shared.stop.is_cancelled() || (prefetch_lane && shared.prefetch_rests()) {
                 commit_pending(&shared, &mut conn, &mut pending)
@@ -76,6 +85,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
                     &mut cursor,
                     &mut batching,
                     &mut pending,
+                    &mut registration,
                 )
                 .await
             };
@@ -100,8 +110,14 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
             continue;
         }
         let poll = jittered(shared.config.poll_interval);
+        let notified = async {
+            match registration.as_mut() {
+                Some(notified) => notified.as_mut().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            () = &mut notified => {}
+            () = notified => {}
             () = tokio::time::sleep(poll) => {}
             () = shared.stop.cancelled() => {}
         }
@@ -148,6 +164,7 @@ async fn run_pick(
     cursor: &mut i32,
     batching: &mut Batching,
     pending: &mut Vec<Done>,
+    registration: &mut Option<Registration<'_>>,
 ) -> Result<bool, ConnectionLost> {
     let limit = batching.limit(shared.slots.available_permits() > 0);
     let picked = if !pending.is_empty() {
@@ -202,9 +219,14 @@ async fn run_pick(
     let jobs = match picked {
         Ok(Picked::Jobs(jobs)) => {
             batching.picked(limit, jobs.len());
-            // There may be more: wake the next idle lane (which wakes the
-            // next if it finds work too).
-            shared.wake.notify_one();
+            // Not waiting while running these: a wake-up this lane got
+            // passes on to the next waiting lane. A full pick means there
+            // may be more work: wake an idle lane (which wakes the next if
+            // its pick is full too).
+            *registration = None;
+            if jobs.len() >= limit as usize {
+                shared.wake.notify_one();
+            }
             if let Some(slot) = jobs.iter().rev().find_map(|job| job.slot) {
                 *cursor = slot.wrapping_add(1);
             }
@@ -223,8 +245,12 @@ async fn run_pick(
             // group head (see pgfifo.pick), and a read-only commit is free.
             Tm::commit_transaction(conn).await?;
             // Groups that enqueuers woke become pickable once promoted. The
-            // listener does it on notifications; doing it here too means a
-            // lost notification or a dead LISTEN connection only costs a poll.
+            // listener does it on notifications; doing it here too (when
+            // nobody did lately) means a lost notification or a dead LISTEN
+            // connection only costs a poll.
+            if !shared.promote_due() {
+                return Ok(false);
+            }
             let promoted = super::listener::promote_all(shared, conn)
                 .await
                 .map_err(ConnectionLost)?;
