@@ -69,11 +69,7 @@ impl Handler for ChargeInvoice {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    pgfifo_examples::init_logging();
     let url =
         pgfifo_examples::fresh_database(&pgfifo_examples::server_url(), "pgfifo_demo").await?;
     let pool = pgfifo::connect(&url, 10).await?;

@@ -59,11 +59,7 @@ const DURATION_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    pgfifo_examples::init_logging();
 
     // The recorder goes first: the runner registers its metrics at start.
     let addr: SocketAddr = std::env::var("METRICS_ADDR")

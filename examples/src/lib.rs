@@ -3,6 +3,15 @@
 
 use pgfifo::diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 
+/// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+}
+
 /// The PostgreSQL server the examples use: `DATABASE_URL`, by default
 /// `postgres://postgres@127.0.0.1:5432/postgres`.
 pub fn server_url() -> String {

@@ -68,13 +68,7 @@ struct CountRow {
 impl Handler for AdminJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
         if self.mode == Mode::Hold {
-            let gate = gate(&self.tag);
-            gate.started.add_permits(1);
-            gate.release
-                .acquire()
-                .await
-                .map_err(JobError::permanent)?
-                .forget();
+            gate(&self.tag).hold().await?;
         }
         if self.mode == Mode::RetryLater && ctx.attempt() == 1 {
             return Err(JobError::retry_after(

@@ -48,16 +48,7 @@ impl Handler for AtomWriteJob {
         write(ctx.conn(), id, attempt, &self.mode).await?;
         match self.mode.as_str() {
             "ok" => Ok(()),
-            "hold" => {
-                let gate = gate(&self.tag);
-                gate.started.add_permits(1);
-                gate.release
-                    .acquire()
-                    .await
-                    .map_err(JobError::permanent)?
-                    .forget();
-                Ok(())
-            }
+            "hold" => gate(&self.tag).hold().await,
             "err_first" if attempt == 1 => Err(JobError::retry("refused on attempt 1")),
             "err_first" => Ok(()),
             "err_permanent" => Err(JobError::permanent("refused for good")),

@@ -83,12 +83,7 @@ impl Handler for CrashHoldJob {
             .get_result(ctx.conn())
             .await?;
         gate.pids.lock().unwrap().push(pid.pid);
-        gate.started.add_permits(1);
-        gate.release
-            .acquire()
-            .await
-            .map_err(JobError::permanent)?
-            .forget();
+        gate.hold().await?;
         log_run(ctx, self.seq).await
     }
 }

@@ -42,6 +42,17 @@ pub(crate) fn gate(tag: &str) -> Arc<Gate> {
 }
 
 impl Gate {
+    /// A handler run reaches the gate and waits until the test lets it go.
+    pub(crate) async fn hold(&self) -> Result<(), pgfifo::JobError> {
+        self.started.add_permits(1);
+        self.release
+            .acquire()
+            .await
+            .map_err(pgfifo::JobError::permanent)?
+            .forget();
+        Ok(())
+    }
+
     /// Waits until `n` more handler runs reached the gate.
     pub(crate) async fn wait_started(&self, n: u32) {
         tokio::time::timeout(PATIENCE, self.started.acquire_many(n))

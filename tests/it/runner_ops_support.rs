@@ -62,16 +62,7 @@ impl Handler for RunnerOpsJob {
         let first = ctx.attempt() == 1;
         match self.act {
             Act::Ok => Ok(()),
-            Act::Hold => {
-                let gate = gate(&self.tag);
-                gate.started.add_permits(1);
-                gate.release
-                    .acquire()
-                    .await
-                    .map_err(JobError::permanent)?
-                    .forget();
-                Ok(())
-            }
+            Act::Hold => gate(&self.tag).hold().await,
             Act::RetryOnce if first => Err(JobError::retry("fails once")),
             Act::RetryOnce => Ok(()),
             Act::FailAlways => Err(JobError::retry("always fails")),

@@ -185,7 +185,7 @@ pub(super) async fn execute(
             attempt = attempt,
         );
         let step = match run_job(shared, conn, job, attempt, batching)
-            .instrument(span)
+            .instrument(span.clone())
             .await
         {
             Ok(step) => step,
@@ -198,8 +198,12 @@ pub(super) async fn execute(
             }
         };
         match step {
-            Step::Next(one) => done.push(one),
+            Step::Next(one) => {
+                span.in_scope(|| one.log());
+                done.push(one);
+            }
             Step::Last(one) => {
+                span.in_scope(|| one.log());
                 done.push(one);
                 hand_back(shared, rest).await;
                 break;
@@ -422,6 +426,7 @@ async fn write(
         let run = last.run;
         let mut failed = Done::failure(shared, registration, last.job, last.attempt, failure);
         failed.run = run;
+        tracing::info_span!("pgfifo.job", id = failed.job.id).in_scope(|| failed.log());
         done.push(failed);
         let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
         match sql::complete(conn, &completions).await {

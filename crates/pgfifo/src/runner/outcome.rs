@@ -109,36 +109,31 @@ impl Done {
         }
     }
 
-    /// Logs the outcome and builds its event (emitted once committed).
+    /// Logs the outcome (in the job's span, where the caller has one).
+    pub fn log(&self) {
+        let error = self.error.as_deref().unwrap_or_default();
+        match self.outcome {
+            Outcome::Succeeded => tracing::debug!("job succeeded"),
+            Outcome::Retry => {
+                let retry_in_ms = self.delay.unwrap_or_default().as_millis() as u64;
+                tracing::warn!(error, retry_in_ms, "job failed; will retry");
+            }
+            Outcome::Failed => tracing::error!(error, "job failed for good; kept as failed"),
+            Outcome::Cancelled => tracing::info!(reason = error, "job cancelled by its handler"),
+        }
+    }
+
+    /// The event to broadcast once the outcome is committed.
     pub fn event(&self) -> JobEvent {
         let error = self.error.clone().unwrap_or_default();
-        let _span = tracing::info_span!(
-            "pgfifo.job",
-            id = self.job.id,
-            kind = %self.job.kind,
-            queue = %self.job.queue,
-            group = self.job.group_id.as_deref().unwrap_or(""),
-            attempt = self.attempt,
-        )
-        .entered();
         let outcome = match self.outcome {
-            Outcome::Succeeded => {
-                tracing::debug!("job succeeded");
-                JobOutcome::Succeeded
-            }
-            Outcome::Retry => {
-                let delay = self.delay.unwrap_or_default();
-                tracing::warn!(error = %error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
-                JobOutcome::Retrying { error, delay }
-            }
-            Outcome::Failed => {
-                tracing::error!(error = %error, "job failed for good; kept as failed");
-                JobOutcome::Failed { error }
-            }
-            Outcome::Cancelled => {
-                tracing::info!(reason = %error, "job cancelled by its handler");
-                JobOutcome::Cancelled { reason: error }
-            }
+            Outcome::Succeeded => JobOutcome::Succeeded,
+            Outcome::Retry => JobOutcome::Retrying {
+                error,
+                delay: self.delay.unwrap_or_default(),
+            },
+            Outcome::Failed => JobOutcome::Failed { error },
+            Outcome::Cancelled => JobOutcome::Cancelled { reason: error },
         };
         event(&self.job, self.attempt, outcome)
     }
