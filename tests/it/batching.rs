@@ -381,6 +381,45 @@ async fn free_slots_run_other_groups_side_by_side_instead_of_in_a_batch() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_that_all_have_work_batch_jobs_of_a_few_ms() {
+    let db = TestDb::new().await;
+    // 40 groups of 3 jobs of about 5 ms, 2 slots and 2 lanes: a lane's own
+    // slot is free whenever it picks, but every lane has work until the end,
+    // so no idle lane could run a batch's jobs side by side, and batches
+    // fill the window instead of holding one job each.
+    let mut conn = db.conn().await;
+    let batch: Vec<pgfifo::NewJob> = (0..120)
+        .map(|i| {
+            let group = pgfifo::EnqueueOptions::group(format!("b{}", i % 40));
+            pgfifo::NewJob::new(&BatchFreeJob { fail: false, ms: 5 }, group).expect("new job")
+        })
+        .collect();
+    let ids = pgfifo::enqueue_batch(&mut conn, batch)
+        .await
+        .expect("enqueue");
+    drop(conn);
+    let config = test_config()
+        .queues([QUEUE])
+        .concurrency(2)
+        .prefetch(0)
+        .max_batch(8)
+        .batch_window(Duration::from_millis(100));
+    let rows = drain(&db, config, &ids).await;
+    let txs = per_transaction(&rows);
+    let largest = txs.values().map(Vec::len).max().unwrap_or(0);
+    assert!(
+        largest <= 8,
+        "a transaction ran {largest} jobs, more than max_batch"
+    );
+    assert!(
+        txs.len() <= ids.len() / 2,
+        "120 jobs of 5 ms took {} transactions while every lane had work",
+        txs.len()
+    );
+    assert_eq!(db.attempts_of(&ids).await, ids.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pick_never_returns_a_job_twice() {
     let db = TestDb::new().await;
     let jobs = (0..3)

@@ -60,7 +60,20 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let drain_secs = (last.saturating_sub(first)) as f64 / 1e9;
     let drain_rate = jobs as f64 / drain_secs.max(1e-9);
     let checked = common::check(&records, jobs, groups);
-    progress!("drained in {drain_secs:.3}s ({drain_rate:.0} jobs/s); {checked:?}");
+    // How long handlers ran against how long the slots were there: what
+    // separates the runner's overhead from handlers that overran their
+    // WORK_MS (a thread's sleep wakes late on loaded cores).
+    let handler_secs: f64 = records
+        .iter()
+        .map(|r| r.end_ns.saturating_sub(r.start_ns) as f64 / 1e9)
+        .sum();
+    let mean_handler_ms = handler_secs * 1e3 / records.len().max(1) as f64;
+    let slots_busy = handler_secs / (drain_secs.max(1e-9) * workers as f64);
+    progress!(
+        "drained in {drain_secs:.3}s ({drain_rate:.0} jobs/s); {checked:?}; handlers ran \
+         {mean_handler_ms:.3} ms on average, slots busy {:.1} %",
+        slots_busy * 100.0
+    );
     if let Ok(path) = std::env::var("RECORDS_FILE") {
         common::write_records(&path, &records)?;
         progress!("wrote {} records to {path}", records.len());
@@ -81,6 +94,8 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         "drain_jobs_per_s": drain_rate.round(),
         "ceiling_tps": ceiling.round(),
         "drain_vs_ceiling": (drain_rate / ceiling * 1000.0).round() / 1000.0,
+        "mean_handler_ms": (mean_handler_ms * 1000.0).round() / 1000.0,
+        "slots_busy": (slots_busy * 1000.0).round() / 1000.0,
         "lost": checked.lost,
         "duplicates": checked.duplicates,
         "order_violations": checked.order_violations,

@@ -1,13 +1,13 @@
 //! How many jobs a lane's next pick takes: as many as fit in the batch
 //! window by recent handlers' run times (about a millisecond's worth while
-//! slots are free), no more than the last picks found, one while handlers
-//! take the connection. See `execute` for what a batch is.
+//! free groups are scarce), no more than the last picks found, one while
+//! handlers take the connection. See `execute` for what a batch is.
 
 use std::time::Duration;
 
-/// While some of the runner's slots are free, a batch holds at most about
-/// this much handler time: free slots would run its jobs side by side
-/// instead of one after another.
+/// While free groups are scarce (slots free, lanes idle), a batch holds at
+/// most about this much handler time: the idle lanes would run its jobs
+/// side by side instead of one after another.
 const SPARE_WINDOW: Duration = Duration::from_millis(1);
 
 /// How a lane sizes its picks (see the module documentation).
@@ -42,13 +42,13 @@ impl Batching {
         self.window
     }
 
-    /// How many jobs the next pick takes. `spare`: some of the runner's
-    /// slots are free.
-    pub(super) fn limit(&self, spare: bool) -> i32 {
+    /// How many jobs the next pick takes. `scarce`: free groups are scarce
+    /// (`Shared::groups_scarce`).
+    pub(super) fn limit(&self, scarce: bool) -> i32 {
         let Some(average) = self.average else {
             return 1;
         };
-        let window = if spare {
+        let window = if scarce {
             SPARE_WINDOW.min(self.window)
         } else {
             self.window

@@ -86,9 +86,13 @@ pub struct RunnerConfig {
     /// transaction with another job's writes. See `docs/performance.md`.
     pub max_batch: usize,
     /// No handler of a batch starts later than this after the batch's first
-    /// one (default 5 ms), which bounds how long a finished job waits for its
-    /// commit, and its group for its next job. Workers size their picks from
-    /// how long recent handlers took, so that a batch fits in this window.
+    /// one (default 25 ms), which bounds how long a finished job waits for
+    /// its commit, and its group for its next job. Workers size their picks
+    /// from how long recent handlers took, so that a batch fits in this
+    /// window. The window is used only while every worker has work: while
+    /// slots are free and some worker found nothing to do, a batch holds
+    /// about a millisecond of handler time, so that jobs of different groups
+    /// run side by side rather than one after another.
     pub batch_window: Duration,
 }
 
@@ -108,7 +112,7 @@ impl Default for RunnerConfig {
             metrics_interval: Some(Duration::from_secs(15)),
             retention: None,
             max_batch: 16,
-            batch_window: Duration::from_millis(5),
+            batch_window: Duration::from_millis(25),
         }
     }
 }

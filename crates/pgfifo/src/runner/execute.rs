@@ -39,8 +39,8 @@ use tracing::Instrument;
 use super::batching::Batching;
 use super::outcome::{event, Done, FailureText};
 use super::txn::{
-    depth, is_connection_error, rollback_to, set_depth, ConnectionLost, Tm, CHECK_CONSTRAINTS,
-    RELEASE, SAVEPOINT,
+    depth, heard, is_connection_error, rollback_to, set_depth, ConnectionLost, Heard, Tm,
+    CHECK_CONSTRAINTS, RELEASE, SAVEPOINT,
 };
 use super::{JobOutcome, Shared};
 use crate::db::sql::{self, Completion, PickedJob};
@@ -63,33 +63,26 @@ pub(super) async fn execute(
 ) -> Result<Vec<Done>, ConnectionLost> {
     let backend_pid = jobs[0].backend_pid;
     // The handlers' savepoint is named as diesel names depth 1's savepoint,
-    // so diesel's rollback at depth 2 returns to it. When a slot is free at
-    // once, it is set while the bookkeeper records the attempts on its own
-    // connection: one round trip for both.
-    let slot_now = shared.slots.try_acquire().ok();
+    // so diesel's rollback at depth 2 returns to it. It is set while the
+    // bookkeeper records the attempts on its own connection: one round trip
+    // for both.
     let request = jobs.iter().map(|j| (j.id, j.max_attempts)).collect();
-    let (savepoint, recorded) = if slot_now.is_some() {
+    let (savepoint, recorded) = {
         let mut shared_conn: &AsyncPgConnection = conn;
-        let (savepoint, recorded) = tokio::join!(
+        tokio::join!(
             shared_conn.batch_execute(SAVEPOINT),
             shared.bookkeeper.start_attempts(request)
-        );
-        (Some(savepoint), recorded)
-    } else {
-        (None, shared.bookkeeper.start_attempts(request).await)
+        )
     };
-    match savepoint {
-        Some(Err(err)) => {
-            if let Ok(attempts) = &recorded {
-                let started = jobs.iter().zip(attempts);
-                forget(shared, started.map(|(job, attempt)| (job.id, *attempt))).await;
-            }
-            let _ = Tm::rollback_transaction(conn).await;
-            return Err(err.into());
+    if let Err(err) = savepoint {
+        if let Ok(attempts) = &recorded {
+            let started = jobs.iter().zip(attempts);
+            forget(shared, started.map(|(job, attempt)| (job.id, *attempt))).await;
         }
-        Some(Ok(())) => set_depth(conn, 2)?,
-        None => {}
+        let _ = Tm::rollback_transaction(conn).await;
+        return Err(err.into());
     }
+    set_depth(conn, 2)?;
     let attempts = match recorded {
         Ok(attempts) => attempts,
         Err(err) => {
@@ -115,7 +108,7 @@ pub(super) async fn execute(
     // once. Lanes beyond that have their next jobs picked, locked and their
     // attempts recorded meanwhile. Jobs that wait too long are handed back
     // (and their attempts forgotten) rather than sit on their groups.
-    let permit = match slot_now {
+    let permit = match shared.slots.try_acquire().ok() {
         Some(permit) => permit,
         None => {
             let waited = tokio::select! {
@@ -140,15 +133,23 @@ pub(super) async fn execute(
             };
             // The connection may have died while it waited (a killed
             // backend, a restart, the idle bound): another runner may already
-            // run these jobs. Setting the savepoint now proves that the
-            // transaction, and so its locks, is alive before a handler starts.
-            if let Err(err) = conn.batch_execute(SAVEPOINT).await {
+            // run these jobs. No handler starts unless the connection is
+            // known to be alive: by what its driver heard (no round trip),
+            // or else by a round trip.
+            let alive = match heard(conn) {
+                Heard::Nothing => Ok(()),
+                Heard::Closed => Err("the connection closed".to_owned()),
+                Heard::Unsure => conn
+                    .batch_execute("SELECT 1")
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            if let Err(err) = alive {
                 hand_back(shared, jobs).await;
                 return Err(ConnectionLost(format!(
                     "the connection of prefetched jobs failed before they started: {err}"
                 )));
             }
-            set_depth(conn, 2)?;
             permit
         }
     };

@@ -29,7 +29,7 @@ mod worker;
 pub use config::RunnerConfig;
 pub use maintenance::Retention;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,6 +134,9 @@ pub(crate) struct Shared {
     pub slots: Semaphore,
     /// Recent handlers' average run time, in µs (see `handler_ran`).
     pub handler_us: AtomicU64,
+    /// Lanes waiting for a wake-up or the poll because their last pick
+    /// found nothing (see `Shared::groups_scarce`).
+    pub idle_lanes: AtomicUsize,
     /// When this runner started: the clock of `promoted_at`.
     pub epoch: std::time::Instant,
     /// When woken groups were last promoted (ms since `epoch`).
@@ -161,6 +164,15 @@ impl Shared {
     /// Whether prefetch lanes should rest (see [`PREFETCH_BELOW`]).
     fn prefetch_rests(&self) -> bool {
         self.handler_us.load(Ordering::Relaxed) < PREFETCH_BELOW.as_micros() as u64
+    }
+
+    /// Whether a lane should keep its next batch short: slots are free and
+    /// some lane found nothing to do, so free groups are scarce, and jobs
+    /// one lane ran one after another could have run side by side in the
+    /// idle lanes. While every lane has work (a backlog over many groups),
+    /// a short batch would only spend the server's time on transactions.
+    fn groups_scarce(&self) -> bool {
+        self.slots.available_permits() > 0 && self.idle_lanes.load(Ordering::Relaxed) > 0
     }
 
     /// Notes that woken groups were just promoted.
@@ -272,6 +284,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         prefetch,
         slots: Semaphore::new(config.concurrency),
         handler_us: AtomicU64::new(0),
+        idle_lanes: AtomicUsize::new(0),
         epoch: std::time::Instant::now(),
         promoted_at: AtomicU64::new(0),
         metrics: metrics::Metrics::new(&queues),

@@ -74,6 +74,37 @@ pub(super) fn depth(conn: &mut AsyncPgConnection) -> Option<u32> {
         .map(|d| d.map_or(0, |d| d.get()))
 }
 
+/// What the connection's driver task has heard from the server while the
+/// connection sat idle in its transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Heard {
+    /// Nothing: as far as the client can tell, the backend is alive.
+    Nothing,
+    /// The connection failed or closed: the transaction and its locks are
+    /// gone.
+    Closed,
+    /// A notification came first (the pooled connection once listened):
+    /// whatever followed it is unknown without a round trip.
+    Unsure,
+}
+
+/// Reads, without waiting, what the server sent unasked on `conn`. A
+/// backend that is terminated, or times out idle in its transaction, or
+/// whose server shuts down, sends its FATAL error before it releases its
+/// locks, and the driver task that reads the socket ends the connection on
+/// it. So a connection that heard nothing still held its locks a moment ago
+/// (the time the error takes to reach the driver), which is as good as a
+/// round trip proves: its answer would be as old by the time it arrives.
+pub(super) fn heard(conn: &mut AsyncPgConnection) -> Heard {
+    use futures_util::StreamExt;
+    let mut stream = pin!(conn.notifications_stream());
+    match stream.next().now_or_never() {
+        None => Heard::Nothing,
+        Some(None | Some(Err(_))) => Heard::Closed,
+        Some(Some(Ok(_))) => Heard::Unsure,
+    }
+}
+
 /// Rolls back to transaction depth `target` after a handler ended in any way
 /// (including a dropped future whose statement may still run on the server:
 /// after a while that statement is cancelled). `false`: the connection is

@@ -11,6 +11,7 @@
 //! leave the connection alone, several (see `execute`).
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,11 +117,13 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
                 None => std::future::pending().await,
             }
         };
+        shared.idle_lanes.fetch_add(1, Ordering::Relaxed);
         tokio::select! {
             () = notified => {}
             () = tokio::time::sleep(poll) => {}
             () = shared.stop.cancelled() => {}
         }
+        shared.idle_lanes.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -166,7 +169,7 @@ async fn run_pick(
     pending: &mut Vec<Done>,
     registration: &mut Option<Registration<'_>>,
 ) -> Result<bool, ConnectionLost> {
-    let limit = batching.limit(shared.slots.available_permits() > 0);
+    let limit = batching.limit(shared.groups_scarce());
     let picked = if !pending.is_empty() {
         // One round trip: commit the previous jobs, open the next transaction
         // and pick. The simple-query COMMIT; BEGIN is written to the socket
