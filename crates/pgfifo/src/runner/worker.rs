@@ -199,35 +199,53 @@ async fn run_pick(
             shared.committed(done);
         }
         picked
-    } else {
-        {
-            if depth(conn) != Some(1) {
-                if let Err(err) = conn.batch_execute(BEGIN_JOB).await {
-                    Tm::transaction_manager_status_mut(conn).set_in_error();
-                    return Err(err.into());
-                }
-                set_depth(conn, 1)?;
-            }
-            sql::pick(
-                conn,
-                &shared.queues,
-                turn,
-                *cursor,
-                &shared.idle_bounds,
-                limit,
+    } else if depth(conn) != Some(1) {
+        // One round trip, as above: BEGIN is written to the socket before
+        // the pick, and if it failed, pick refuses to run outside a job
+        // transaction.
+        let (begun, picked) = {
+            let mut shared_conn: &AsyncPgConnection = conn;
+            tokio::join!(
+                shared_conn.batch_execute(BEGIN_JOB),
+                sql::pick(
+                    conn,
+                    &shared.queues,
+                    turn,
+                    *cursor,
+                    &shared.idle_bounds,
+                    limit
+                )
             )
-            .await
+        };
+        if let Err(err) = begun {
+            Tm::transaction_manager_status_mut(conn).set_in_error();
+            return Err(err.into());
         }
+        set_depth(conn, 1)?;
+        picked
+    } else {
+        sql::pick(
+            conn,
+            &shared.queues,
+            turn,
+            *cursor,
+            &shared.idle_bounds,
+            limit,
+        )
+        .await
     };
     let jobs = match picked {
         Ok(Picked::Jobs(jobs)) => {
             batching.picked(limit, jobs.len());
             // Not waiting while running these: a wake-up this lane got
-            // passes on to the next waiting lane. A full pick means there
-            // may be more work: wake an idle lane (which wakes the next if
-            // its pick is full too).
+            // passes on to the next waiting lane. A full pick of several
+            // jobs means there may be more work: wake an idle lane (which
+            // wakes the next if its pick is full too). A pick of one job is
+            // always full, and at a few hundred jobs a second that woke a
+            // lane for nothing after most jobs; new groups wake lanes
+            // through the listener, one per group.
             *registration = None;
-            if jobs.len() >= limit as usize {
+            if limit > 1 && jobs.len() >= limit as usize {
                 shared.wake.notify_one();
             }
             if let Some(slot) = jobs.iter().rev().find_map(|job| job.slot) {
