@@ -430,7 +430,10 @@ $$;
 --
 -- In the common case (the next head is ready now, same priority) only head_id
 -- changes, which makes the update a HOT update (see queue_group).
-CREATE FUNCTION pgfifo.advance_head(p_queue text, p_group text, p_done bigint) RETURNS void
+--
+-- Returns whether the group now has a head that is ready at once (the
+-- runner then picks again rather than wait for a wake-up).
+CREATE FUNCTION pgfifo.advance_head(p_queue text, p_group text, p_done bigint) RETURNS boolean
 LANGUAGE plpgsql
 -- Index-driven whatever the statistics, never JIT-compiled (see pick).
 SET enable_sort = off
@@ -451,7 +454,7 @@ BEGIN
             UPDATE pgfifo.queue_group
             SET head_id = p_done, ready_at = v_now + interval '50 milliseconds'
             WHERE queue = p_queue AND group_id = p_group;
-            RETURN;
+            RETURN false;
         END IF;
         SELECT id, priority, run_after INTO v_next FROM pgfifo.job
         WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
@@ -460,14 +463,15 @@ BEGIN
     IF v_next.id IS NULL THEN
         UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL, idle_since = v_now
         WHERE queue = p_queue AND group_id = p_group;
-    ELSE
-        UPDATE pgfifo.queue_group
-        SET head_id  = v_next.id,
-            priority = v_next.priority,
-            ready_at = CASE WHEN v_next.run_after <= v_now AND ready_at <= v_now
-                            THEN ready_at ELSE v_next.run_after END
-        WHERE queue = p_queue AND group_id = p_group;
+        RETURN false;
     END IF;
+    UPDATE pgfifo.queue_group
+    SET head_id  = v_next.id,
+        priority = v_next.priority,
+        ready_at = CASE WHEN v_next.run_after <= v_now AND ready_at <= v_now
+                        THEN ready_at ELSE v_next.run_after END
+    WHERE queue = p_queue AND group_id = p_group;
+    RETURN v_next.run_after <= v_now;
 END
 $$;
 
@@ -501,6 +505,11 @@ $$;
 -- group's (NULL for an ungrouped job). p_turn rotates the starting queue and
 -- alternates between grouped and ungrouped jobs so neither starves.
 --
+-- Each job row's `more` says whether more work may be ready: the walk ended
+-- at its cap (see below), or it took p_limit jobs and another group is
+-- ready (held by another runner or not) or an ungrouped job is queued. The
+-- runner then picks again after these jobs instead of waiting for a wake-up.
+--
 -- A single row whose id is NULL means: a group was locked that turned out to
 -- have nothing to run (or was parked, see below); commit (releasing it) and
 -- pick again. That happens only when nothing was picked before it: a group
@@ -525,7 +534,7 @@ CREATE FUNCTION pgfifo.pick(
     p_limit           integer
 )
 RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
-               max_attempts integer, slot integer)
+               max_attempts integer, slot integer, more boolean)
 LANGUAGE plpgsql
 -- The plans must not depend on statistics (a fresh queue has none): without
 -- these, the planner may read every group of the queue through the primary
@@ -544,6 +553,9 @@ DECLARE
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
     v_count   integer := 0;
     v_ids     bigint[] := '{}';
+    v_jobs    pgfifo.job[] := '{}';
+    v_slots   integer[] := '{}';
+    v_more    boolean := false;
     v_seen    integer := 0;
     v_idle    integer := 0;
     v_q       text;
@@ -603,7 +615,8 @@ BEGIN
                             -- ones: once jobs are picked, stop looking after a
                             -- while instead of trying every group's lock.
                             v_seen := v_seen + 1;
-                            EXIT queues WHEN v_count > 0 AND v_seen > 2 * v_limit + 8;
+                            v_more := v_count > 0 AND v_seen > 2 * v_limit + 8;
+                            EXIT queues WHEN v_more;
                             -- (A pause committed while this statement runs is
                             -- seen by the next pick.)
                             SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
@@ -648,7 +661,7 @@ BEGIN
                                     END IF;
                                 END IF;
                                 RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
-                                                    NULL::jsonb, NULL::integer, v_group.slot;
+                                                    NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
                                 RETURN;
                             END IF;
                             SELECT * INTO v_job FROM pgfifo.job AS j
@@ -662,7 +675,7 @@ BEGIN
                                     -- a runner without the group): leave the group
                                     -- to it.
                                     RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
-                                                        NULL::jsonb, NULL::integer, v_group.slot;
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
                                     RETURN;
                                 END IF;
                                 -- The head was finished or deleted out of band.
@@ -677,22 +690,12 @@ BEGIN
                                 FOR UPDATE OF j SKIP LOCKED;
                                 IF NOT FOUND THEN
                                     RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
-                                                        NULL::jsonb, NULL::integer, v_group.slot;
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
                                     RETURN;
                                 END IF;
                             END IF;
-                            v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
-                                                                p_default_idle_ms));
-                            -- RETURN NEXT of the output columns, not RETURN
-                            -- QUERY: no query to start per job.
-                            id := v_job.id;
-                            queue := v_job.queue;
-                            group_id := v_job.group_id;
-                            kind := v_job.kind;
-                            payload := v_job.payload;
-                            max_attempts := v_job.max_attempts + v_job.attempt_base;
-                            slot := v_group.slot;
-                            RETURN NEXT;
+                            v_jobs := v_jobs || v_job;
+                            v_slots := v_slots || v_group.slot;
                             v_ids := v_ids || v_job.id;
                             v_count := v_count + 1;
                             EXIT queues WHEN v_count >= v_limit;
@@ -709,22 +712,44 @@ BEGIN
                     LIMIT v_limit - v_count
                     FOR UPDATE SKIP LOCKED
                 LOOP
-                    v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
-                                                        p_default_idle_ms));
-                    id := v_job.id;
-                    queue := v_job.queue;
-                    group_id := v_job.group_id;
-                    kind := v_job.kind;
-                    payload := v_job.payload;
-                    max_attempts := v_job.max_attempts + v_job.attempt_base;
-                    slot := NULL;
-                    RETURN NEXT;
+                    v_jobs := v_jobs || v_job;
+                    v_slots := v_slots || NULL::integer;
                     v_ids := v_ids || v_job.id;
                     v_count := v_count + 1;
                 END LOOP;
                 EXIT queues WHEN v_count >= v_limit;
             END IF;
         END LOOP;
+    END LOOP;
+    -- A pick that took all it could may have left other work ready: look
+    -- (without locks; a ready group that another runner holds counts too).
+    IF v_count >= v_limit AND NOT v_more THEN
+        v_more := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
+                            AND g.ready_at <= v_now AND NOT g.head_id = ANY (v_ids))
+               OR EXISTS (SELECT 1 FROM pgfifo.job AS j
+                          WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
+                            AND j.state = 'queued' AND j.run_after <= v_now
+                            AND NOT j.id = ANY (v_ids));
+    END IF;
+    -- The jobs are returned once the walk is over, so that each row can say
+    -- whether more work may be ready (the walk stopped at its cap, or work
+    -- was left above): the caller then looks again after these jobs instead
+    -- of waiting for a wake-up. (RETURN NEXT of the output columns, not
+    -- RETURN QUERY: no query to start per job.)
+    FOR v_i IN 1 .. v_count LOOP
+        v_job := v_jobs[v_i];
+        v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
+                                            p_default_idle_ms));
+        id := v_job.id;
+        queue := v_job.queue;
+        group_id := v_job.group_id;
+        kind := v_job.kind;
+        payload := v_job.payload;
+        max_attempts := v_job.max_attempts + v_job.attempt_base;
+        slot := v_slots[v_i];
+        more := v_more;
+        RETURN NEXT;
     END LOOP;
     IF v_count > 0 THEN
         PERFORM set_config('idle_in_transaction_session_timeout', v_idle::text, true);
@@ -769,6 +794,10 @@ $$;
 --
 -- A grouped job that failed for good in a queue whose failure policy is
 -- 'hold' stays its group's head and holds it (see queue_group).
+--
+-- Returns whether one of the jobs left work that is ready at once: a group
+-- whose next head is (enqueues into an active group wake nobody), or a retry
+-- without delay. The runner then picks again for it.
 CREATE FUNCTION pgfifo.complete(
     p_ids              bigint[],
     p_attempts         integer[],
@@ -778,7 +807,7 @@ CREATE FUNCTION pgfifo.complete(
     p_retry_delay_us   bigint[],
     p_queues           text[],
     p_groups           text[]
-) RETURNS void
+) RETURNS boolean
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_seqscan = off
@@ -791,6 +820,8 @@ DECLARE
     v_n        integer := coalesce(cardinality(p_ids), 0);
     v_advanced integer;
     v_moved    bigint[];
+    v_ready    boolean := false;
+    v_now_ready boolean;
     v_id       bigint;
     v_queue    text;
     v_group    text;
@@ -830,14 +861,17 @@ BEGIN
                 WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
                 ORDER BY j.id LIMIT 1) AS next
             WHERE g.queue = done.q AND g.group_id = done.grp
-            RETURNING done.done_id)
-        SELECT array_agg(moved.done_id) INTO v_moved FROM moved;
+            RETURNING done.done_id, next.run_after <= v_now AS now_ready)
+        SELECT array_agg(moved.done_id), coalesce(bool_or(moved.now_ready), false)
+        INTO v_moved, v_ready FROM moved;
     END IF;
     FOR v_i IN 1 .. v_n LOOP
         v_id := p_ids[v_i];
         v_queue := p_queues[v_i];
         v_group := p_groups[v_i];
         v_outcome := p_outcomes[v_i];
+        -- A retry due at once is work that nobody is woken for either.
+        v_ready := v_ready OR (v_outcome = 'retry' AND coalesce(p_retry_delay_us[v_i], 0) <= 0);
         CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
         IF v_outcome = 'retry' THEN
             UPDATE pgfifo.queue_group
@@ -864,13 +898,15 @@ BEGIN
                                         THEN g.ready_at ELSE next.run_after END
                     FROM next
                     WHERE g.queue = v_queue AND g.group_id = v_group
-                    RETURNING 1)
-                SELECT count(*) INTO v_advanced FROM moved;
+                    RETURNING next.run_after <= v_now AS now_ready)
+                SELECT count(*), coalesce(bool_or(moved.now_ready), false)
+                INTO v_advanced, v_now_ready FROM moved;
+                v_ready := v_ready OR v_now_ready;
             END IF;
             -- No next job visible: advance_head decides whether the group is
             -- idle (it never waits; see there).
             IF v_advanced = 0 THEN
-                PERFORM pgfifo.advance_head(v_queue, v_group, v_id);
+                v_ready := pgfifo.advance_head(v_queue, v_group, v_id) OR v_ready;
             END IF;
         END IF;
     END LOOP;
@@ -904,5 +940,6 @@ BEGIN
         FROM unnest(p_ids, p_attempts, p_errors) AS t(id, attempt, error)
         WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt;
     END IF;
+    RETURN v_ready;
 END
 $$;

@@ -26,15 +26,15 @@ impl Suite {
             let p = self.fleet.get(pf).expect("alive");
             (p.app.clone(), p.records.clone())
         };
-        let grp = PREFETCH_GRP + 2 * k as u32;
-        let job = |grp: u32, group: String| {
+        let grp = PREFETCH_GRP + 3 * k as u32;
+        let job_of = |grp: u32, group: String, work_ms: u32| {
             (
                 NewJob::new(
                     &FaultJob {
                         grp,
                         seq: 0,
                         mode: Mode::Normal,
-                        work_ms: 1_500,
+                        work_ms,
                     },
                     EnqueueOptions::group(group).queue("prefetch"),
                 )
@@ -49,10 +49,25 @@ impl Suite {
                 },
             )
         };
+        // A fresh runner's prefetch lane rests until handlers have shown
+        // that they take long enough for taking jobs ahead to pay: run one
+        // first, then give the lane time to wake from its rest.
+        let warm = self.jobs.len();
+        self.enqueue(vec![job_of(grp + 2, format!("pf-{k}-w"), 50)])
+            .await;
+        let warm_sql = format!(
+            "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded' AND id = {}",
+            self.jobs[warm].id
+        );
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.monitor.scalar(&warm_sql).await != 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let first = self.jobs.len();
         self.enqueue(vec![
-            job(grp, format!("pf-{k}-a")),
-            job(grp + 1, format!("pf-{k}-b")),
+            job_of(grp, format!("pf-{k}-a"), 1_500),
+            job_of(grp + 1, format!("pf-{k}-b"), 1_500),
         ])
         .await;
         let (a, b) = (self.jobs[first].id, self.jobs[first + 1].id);

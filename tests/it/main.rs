@@ -26,6 +26,7 @@ mod handler_misuse;
 mod retries;
 mod stored_bad_input;
 mod timeouts_shutdown;
+mod wakeups;
 
 // Several OS processes on one database.
 mod multiprocess;

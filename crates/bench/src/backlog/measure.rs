@@ -16,7 +16,7 @@ use crate::progress;
 
 /// The runner's pick (`db::sql::pick`), with no per-kind idle bounds.
 const PICK: &str = "\
-SELECT id, queue, group_id, kind, payload, max_attempts, slot, pg_backend_pid() AS backend_pid
+SELECT id, queue, group_id, kind, payload, max_attempts, slot, more, pg_backend_pid() AS backend_pid
 FROM pgfifo.pick(ARRAY['bench'], $1, $2, ARRAY[]::text[], ARRAY[]::int[], 60000, 1)";
 
 #[derive(QueryableByName)]

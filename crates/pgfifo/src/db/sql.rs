@@ -6,7 +6,7 @@
 
 use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Nullable, SmallInt, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, SmallInt, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
@@ -105,7 +105,12 @@ pub(crate) struct PickedJob {
 #[derive(Debug)]
 pub(crate) enum Picked {
     /// Jobs to run, of different groups, each locked.
-    Jobs(Vec<PickedJob>),
+    Jobs {
+        jobs: Vec<PickedJob>,
+        /// The pick stopped before it ran out of candidates (at its limit or
+        /// its cap): more groups may be free and ready now.
+        more: bool,
+    },
     /// A group was locked that turned out to have nothing to run (it changed
     /// after the candidate read): commit to release it and pick again. Carries
     /// the group's slot.
@@ -130,6 +135,8 @@ struct PickRow {
     max_attempts: Option<i32>,
     #[diesel(sql_type = Nullable<Integer>)]
     slot: Option<i32>,
+    #[diesel(sql_type = Nullable<Bool>)]
+    more: Option<bool>,
     #[diesel(sql_type = Integer)]
     backend_pid: i32,
 }
@@ -149,7 +156,7 @@ pub(crate) async fn pick(
 ) -> diesel::QueryResult<Picked> {
     let rows: Vec<PickRow> = Prepared(
         diesel::sql_query(
-            "SELECT id, queue, group_id, kind, payload, max_attempts, slot, \
+            "SELECT id, queue, group_id, kind, payload, max_attempts, slot, more, \
                 pg_backend_pid() AS backend_pid \
          FROM pgfifo.pick($1, $2, $3, $4, $5, $6, $7)",
         )
@@ -164,7 +171,9 @@ pub(crate) async fn pick(
     .load(&mut conn)
     .await?;
     let mut jobs = Vec::with_capacity(rows.len());
+    let mut more = false;
     for row in rows {
+        more |= row.more.unwrap_or(false);
         match (row.id, row.kind, row.payload, row.max_attempts) {
             (Some(id), Some(kind), Some(payload), Some(max_attempts)) => jobs.push(PickedJob {
                 id,
@@ -183,7 +192,7 @@ pub(crate) async fn pick(
     Ok(if jobs.is_empty() {
         Picked::Nothing
     } else {
-        Picked::Jobs(jobs)
+        Picked::Jobs { jobs, more }
     })
 }
 
@@ -305,16 +314,23 @@ pub(crate) struct Completion<'a> {
     pub retry_delay_us: Option<i64>,
 }
 
+#[derive(QueryableByName)]
+struct ReadyRow {
+    #[diesel(sql_type = Bool)]
+    ready: bool,
+}
+
 /// Writes the outcomes of a pick's jobs in their transaction (which then
-/// commits), in one statement.
+/// commits), in one statement. Returns whether one of their groups now has a
+/// next job ready at once, which nobody is woken for (see `pgfifo.complete`).
 ///
 /// Takes a shared reference so it can be pipelined behind a simple query.
 pub(crate) async fn complete(
     mut conn: &AsyncPgConnection,
     done: &[Completion<'_>],
-) -> diesel::QueryResult<()> {
-    Prepared(
-        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8)")
+) -> diesel::QueryResult<bool> {
+    let rows: Vec<ReadyRow> = Prepared(
+        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8) AS ready")
             .bind::<Array<BigInt>, _>(done.iter().map(|d| d.job.id).collect::<Vec<_>>())
             .bind::<Array<Integer>, _>(done.iter().map(|d| d.attempt).collect::<Vec<_>>())
             .bind::<Array<Text>, _>(done.iter().map(|d| d.outcome.as_sql()).collect::<Vec<_>>())
@@ -334,9 +350,9 @@ pub(crate) async fn complete(
                     .collect::<Vec<_>>(),
             ),
     )
-    .execute(&mut conn)
-    .await
-    .map(drop)
+    .load(&mut conn)
+    .await?;
+    Ok(rows.iter().any(|row| row.ready))
 }
 
 #[derive(QueryableByName)]

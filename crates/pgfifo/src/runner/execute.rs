@@ -52,15 +52,35 @@ use crate::registry::{Registration, RunFailure};
 /// finish, short enough that groups do not sit locked behind a long job.
 const SLOT_PATIENCE: Duration = Duration::from_secs(2);
 
-/// Runs a pick's jobs to their outcomes. Returns the outcomes that await
-/// their COMMIT (none when the transaction was rolled back), `Err` when the
+/// What running a pick's jobs left for the worker.
+pub(super) struct Finished {
+    /// The outcomes written, awaiting their COMMIT (none when the
+    /// transaction was rolled back).
+    pub(super) done: Vec<Done>,
+    /// Whether the worker must pick again at once rather than wait for a
+    /// wake-up: a group of these jobs has its next job ready (enqueues into
+    /// an active group wake nobody), jobs were handed back, or the
+    /// transaction was rolled back.
+    pub(super) again: bool,
+}
+
+impl Finished {
+    fn rolled_back() -> Self {
+        Finished {
+            done: Vec::new(),
+            again: true,
+        }
+    }
+}
+
+/// Runs a pick's jobs to their outcomes (see [`Finished`]); `Err` when the
 /// connection must be dropped.
 pub(super) async fn execute(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     jobs: Vec<PickedJob>,
     batching: &mut Batching,
-) -> Result<Vec<Done>, ConnectionLost> {
+) -> Result<Finished, ConnectionLost> {
     let backend_pid = jobs[0].backend_pid;
     // The handlers' savepoint is named as diesel names depth 1's savepoint,
     // so diesel's rollback at depth 2 returns to it. It is set while the
@@ -129,13 +149,15 @@ pub(super) async fn execute(
                     permit = shared.slots.acquire() => drop(permit),
                     () = shared.stop.cancelled() => {}
                 }
-                return Ok(Vec::new());
+                return Ok(Finished::rolled_back());
             };
             // The connection may have died while it waited (a killed
             // backend, a restart, the idle bound): another runner may already
             // run these jobs. No handler starts unless the connection is
             // known to be alive: by what its driver heard (no round trip),
-            // or else by a round trip.
+            // or else by a round trip. Yielding first lets the runtime read
+            // the sockets, so an error already in this one is heard.
+            tokio::task::yield_now().await;
             let alive = match heard(conn) {
                 Heard::Nothing => Ok(()),
                 Heard::Closed => Err("the connection closed".to_owned()),
@@ -154,7 +176,8 @@ pub(super) async fn execute(
         }
     };
 
-    let mut done: Vec<Done> = Vec::with_capacity(jobs.len());
+    let picked = jobs.len();
+    let mut done: Vec<Done> = Vec::with_capacity(picked);
     let started = Instant::now();
     let mut rest = jobs.drain(..);
     while let Some((job, mut attempt)) = rest.next() {
@@ -218,7 +241,10 @@ pub(super) async fn execute(
     // The slot is free as soon as the handlers are done; writing the
     // outcomes and committing overlap with the next handler.
     drop(permit);
-    write(shared, conn, done, backend_pid, batching).await
+    let handed_back = done.len() < picked;
+    let mut finished = write(shared, conn, done, backend_pid, batching).await?;
+    finished.again |= handed_back;
+    Ok(finished)
 }
 
 /// What a job's run means for the rest of its pick.
@@ -367,10 +393,10 @@ async fn write(
     mut done: Vec<Done>,
     backend_pid: i32,
     batching: &mut Batching,
-) -> Result<Vec<Done>, ConnectionLost> {
+) -> Result<Finished, ConnectionLost> {
     if done.is_empty() {
         return if rollback_to(shared, conn, 0, backend_pid).await {
-            Ok(Vec::new())
+            Ok(Finished::rolled_back())
         } else {
             Err(ConnectionLost(
                 "could not roll back a pick that ran no job".into(),
@@ -410,7 +436,7 @@ async fn write(
         sql::complete(conn, &completions).await
     };
     let err = match written {
-        Ok(()) => return Ok(done),
+        Ok(again) => return Ok(Finished { done, again }),
         Err(err) if is_connection_error(&err) => return Err(err.into()),
         Err(err) => err,
     };
@@ -431,7 +457,7 @@ async fn write(
         done.push(failed);
         let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
         match sql::complete(conn, &completions).await {
-            Ok(()) => return Ok(done),
+            Ok(again) => return Ok(Finished { done, again }),
             Err(err) if is_connection_error(&err) => return Err(err.into()),
             Err(err) => return refused(shared, conn, done, &err, backend_pid, batching).await,
         }
@@ -448,7 +474,7 @@ async fn refused(
     err: &diesel::result::Error,
     backend_pid: i32,
     batching: &mut Batching,
-) -> Result<Vec<Done>, ConnectionLost> {
+) -> Result<Finished, ConnectionLost> {
     batching.single();
     for one in done {
         let message = match &one.error {
@@ -462,7 +488,7 @@ async fn refused(
             .note_error(one.job.id, one.attempt, message);
     }
     if rollback_to(shared, conn, 0, backend_pid).await {
-        Ok(Vec::new())
+        Ok(Finished::rolled_back())
     } else {
         Err(ConnectionLost(err.to_string()))
     }

@@ -31,7 +31,7 @@ pub(super) async fn run(shared: Arc<Shared>, service: CancellationToken) {
                 failures += 1;
                 tracing::warn!(error = %err, "pgfifo: LISTEN connection failed; polling until it is back");
                 // Wake everyone: whatever was notified meanwhile is picked up.
-                shared.wake.notify_waiters();
+                shared.wake_all();
                 tokio::select! {
                     () = tokio::time::sleep(backoff(failures)) => {}
                     () = service.cancelled() => return,
@@ -73,7 +73,7 @@ async fn listen_on(
     // meanwhile may have found the wake rows taken by this promote (they are
     // taken SKIP LOCKED) and gone to sleep: wake them.
     promote_all(shared, conn).await?;
-    shared.wake.notify_waiters();
+    shared.wake_all();
     loop {
         let interrupt = {
             let mut stream = pin!(conn.notifications_stream());

@@ -134,9 +134,12 @@ pub(crate) struct Shared {
     pub slots: Semaphore,
     /// Recent handlers' average run time, in µs (see `handler_ran`).
     pub handler_us: AtomicU64,
-    /// Lanes waiting for a wake-up or the poll because their last pick
-    /// found nothing (see `Shared::groups_scarce`).
+    /// Lanes waiting for a wake-up or the poll (see `Shared::groups_scarce`).
     pub idle_lanes: AtomicUsize,
+    /// Counts wake-ups sent (`wake_one`, `wake_all`): a lane that ran a batch
+    /// without being registered for them compares it before it waits (see
+    /// the worker).
+    pub wakes: AtomicU64,
     /// When this runner started: the clock of `promoted_at`.
     pub epoch: std::time::Instant,
     /// When woken groups were last promoted (ms since `epoch`).
@@ -199,8 +202,20 @@ impl Shared {
     /// the worker), so a burst still reaches every lane.
     fn wake_lanes(&self, n: usize) {
         for _ in 0..n.clamp(1, self.config.concurrency + self.prefetch) {
-            self.wake.notify_one();
+            self.wake_one();
         }
+    }
+
+    /// Wakes one waiting lane (or the next to register).
+    fn wake_one(&self) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Wakes every waiting lane.
+    fn wake_all(&self) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.wake.notify_waiters();
     }
 
     fn emit(&self, event: JobEvent) {
@@ -285,6 +300,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         slots: Semaphore::new(config.concurrency),
         handler_us: AtomicU64::new(0),
         idle_lanes: AtomicUsize::new(0),
+        wakes: AtomicU64::new(0),
         epoch: std::time::Instant::now(),
         promoted_at: AtomicU64::new(0),
         metrics: metrics::Metrics::new(&queues),
@@ -359,7 +375,7 @@ impl RunnerHandle {
     pub async fn shutdown_within(self, deadline: Duration) -> Result<()> {
         tracing::info!(?deadline, "pgfifo runner stopping: no new jobs will start");
         self.shared.stop.cancel();
-        self.shared.wake.notify_waiters();
+        self.shared.wake_all();
         if tokio::time::timeout(deadline, self.tracker.wait())
             .await
             .is_err()
@@ -377,7 +393,7 @@ impl RunnerHandle {
     pub async fn abort(self) -> Result<()> {
         self.shared.stop.cancel();
         self.shared.abort.cancel();
-        self.shared.wake.notify_waiters();
+        self.shared.wake_all();
         self.tracker.wait().await;
         self.service.cancel();
         Ok(())

@@ -88,13 +88,15 @@ pub(super) enum Heard {
     Unsure,
 }
 
-/// Reads, without waiting, what the server sent unasked on `conn`. A
-/// backend that is terminated, or times out idle in its transaction, or
-/// whose server shuts down, sends its FATAL error before it releases its
-/// locks, and the driver task that reads the socket ends the connection on
-/// it. So a connection that heard nothing still held its locks a moment ago
-/// (the time the error takes to reach the driver), which is as good as a
-/// round trip proves: its answer would be as old by the time it arrives.
+/// Reads, without waiting, what the server sent unasked on `conn`, as far
+/// as the connection's driver task has read it. A backend that is
+/// terminated, or times out idle in its transaction, or whose server shuts
+/// down, sends its FATAL error before it releases its locks, and the driver
+/// ends the connection on it; a killed backend's socket closes. So a
+/// connection that heard nothing still held its locks a moment ago: the time
+/// the error takes to reach the driver, which a round trip's answer also
+/// takes. (Unlike a round trip, this does not wait out a silent network: the
+/// server then still holds the locks, until keepalives end the session.)
 pub(super) fn heard(conn: &mut AsyncPgConnection) -> Heard {
     use futures_util::StreamExt;
     let mut stream = pin!(conn.notifications_stream());

@@ -1,6 +1,6 @@
 //! One worker lane: pick jobs, run them (`execute`), commit their outcomes
-//! together with the next pick; repeat while picks find work, then wait for a
-//! wake-up or the poll.
+//! together with the next pick; repeat while there may be work that no
+//! wake-up will announce, then wait for a wake-up or the poll.
 //!
 //! The jobs' transaction (depth 1) is opened before the pick and holds the
 //! group and job row locks until the outcomes commit. Handlers run inside a
@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
+use futures_util::FutureExt;
 use tokio::sync::futures::Notified;
 
 use super::batching::Batching;
@@ -69,9 +70,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         let mut pending: Vec<Done> = Vec::new();
         loop {
             if registration.is_none() {
-                let mut notified = Box::pin(shared.wake.notified());
-                notified.as_mut().enable();
-                registration = Some(notified);
+                registration = Some(register(&shared));
             }
             turn = turn.wrapping_add(1);
             let step = if shared.stop.is_cancelled() || (prefetch_lane && shared.prefetch_rests()) {
@@ -107,16 +106,15 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         }
         drop(conn);
         if prefetch_lane && shared.prefetch_rests() && !shared.stop.is_cancelled() {
-            // Rest (above) without taking a wake-up meant for a working lane.
+            // Rest (above) without taking a wake-up meant for a working lane;
+            // one this lane's registration took already goes on to the next.
+            if registration.is_some_and(|notified| notified.now_or_never().is_some()) {
+                shared.wake_one();
+            }
             continue;
         }
+        let notified = registration.unwrap_or_else(|| register(&shared));
         let poll = jittered(shared.config.poll_interval);
-        let notified = async {
-            match registration.as_mut() {
-                Some(notified) => notified.as_mut().await,
-                None => std::future::pending().await,
-            }
-        };
         shared.idle_lanes.fetch_add(1, Ordering::Relaxed);
         tokio::select! {
             () = notified => {}
@@ -125,6 +123,14 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         }
         shared.idle_lanes.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Registers for the next wake-up (`Shared::wake`), or takes the one kept
+/// for whoever registers next.
+fn register(shared: &Shared) -> Registration<'_> {
+    let mut notified = Box::pin(shared.wake.notified());
+    notified.as_mut().enable();
+    notified
 }
 
 /// Takes a connection from the pool, or `None` when stopping or the pool
@@ -160,14 +166,14 @@ async fn connection(shared: &Shared) -> Option<PooledConnection> {
 }
 
 /// Picks and runs jobs. `Ok(false)`: nothing to do.
-async fn run_pick(
-    shared: &Shared,
+async fn run_pick<'s>(
+    shared: &'s Shared,
     conn: &mut AsyncPgConnection,
     turn: i32,
     cursor: &mut i32,
     batching: &mut Batching,
     pending: &mut Vec<Done>,
-    registration: &mut Option<Registration<'_>>,
+    registration: &mut Option<Registration<'s>>,
 ) -> Result<bool, ConnectionLost> {
     let limit = batching.limit(shared.groups_scarce());
     let picked = if !pending.is_empty() {
@@ -234,8 +240,8 @@ async fn run_pick(
         )
         .await
     };
-    let jobs = match picked {
-        Ok(Picked::Jobs(jobs)) => {
+    let (jobs, more) = match picked {
+        Ok(Picked::Jobs { jobs, more }) => {
             batching.picked(limit, jobs.len());
             // Not waiting while running these: a wake-up this lane got
             // passes on to the next waiting lane. A full pick of several
@@ -246,12 +252,12 @@ async fn run_pick(
             // through the listener, one per group.
             *registration = None;
             if limit > 1 && jobs.len() >= limit as usize {
-                shared.wake.notify_one();
+                shared.wake_one();
             }
             if let Some(slot) = jobs.iter().rev().find_map(|job| job.slot) {
                 *cursor = slot.wrapping_add(1);
             }
-            jobs
+            (jobs, more)
         }
         Ok(Picked::Retry(slot)) => {
             // A group changed under the pick: release it and look again.
@@ -286,8 +292,27 @@ async fn run_pick(
             return Err(err.into());
         }
     };
-    *pending = execute(shared, conn, jobs, batching).await?;
-    Ok(true)
+    // Wake-ups sent from here on are not seen by this lane (it is not
+    // registered while it runs the jobs): they are counted instead.
+    let wakes = shared.wakes.load(Ordering::SeqCst);
+    let finished = execute(shared, conn, jobs, batching).await?;
+    *pending = finished.done;
+    if pending.is_empty() || more || finished.again {
+        return Ok(true);
+    }
+    // Nothing is left that a wake-up would not announce: the pick walked
+    // every candidate, and no group of these jobs has its next one ready.
+    // Commit alone and wait, rather than pick again to find nothing (which
+    // at low rates was most picks), unless a wake-up was sent meanwhile (a
+    // stored one is taken by the registration, but several collapse into
+    // one, and `wake_all` reaches only lanes already registered). Registered
+    // before the count is compared, so none falls in between.
+    *registration = Some(register(shared));
+    if shared.wakes.load(Ordering::SeqCst) != wakes {
+        return Ok(true);
+    }
+    commit_pending(shared, conn, pending).await?;
+    Ok(false)
 }
 
 /// Commits the outcomes written last, if any, and emits their events.
