@@ -131,6 +131,27 @@ async fn enqueue_one_per_group<J: Job>(db: &TestDb, jobs: Vec<J>) -> Vec<JobId> 
         .expect("enqueue")
 }
 
+/// Enqueues `n` jobs made by `job`, round-robin over `groups` groups named
+/// `{prefix}{k}`, in one batch call.
+async fn enqueue_round_robin<J: Job>(
+    db: &TestDb,
+    n: usize,
+    groups: usize,
+    prefix: &str,
+    job: impl Fn() -> J,
+) -> Vec<JobId> {
+    let mut conn = db.conn().await;
+    let batch: Vec<pgfifo::NewJob> = (0..n)
+        .map(|i| {
+            let group = pgfifo::EnqueueOptions::group(format!("{prefix}{}", i % groups));
+            pgfifo::NewJob::new(&job(), group).expect("new job")
+        })
+        .collect();
+    pgfifo::enqueue_batch(&mut conn, batch)
+        .await
+        .expect("enqueue")
+}
+
 /// One lane and one prefetch lane, batches of up to `max_batch` jobs.
 fn one_lane(max_batch: usize) -> pgfifo::RunnerConfig {
     test_config()
@@ -331,17 +352,7 @@ async fn free_slots_run_other_groups_side_by_side_instead_of_in_a_batch() {
     // 4 groups of 5 jobs of 20 ms, 4 slots, and a window that would let one
     // lane take all 4 groups at once: while slots are free, a batch holds
     // about 1 ms of handler time at most, so the groups run side by side.
-    let mut conn = db.conn().await;
-    let batch: Vec<pgfifo::NewJob> = (0..20)
-        .map(|i| {
-            let group = pgfifo::EnqueueOptions::group(format!("s{}", i % 4));
-            pgfifo::NewJob::new(&BatchSpanJob {}, group).expect("new job")
-        })
-        .collect();
-    let ids = pgfifo::enqueue_batch(&mut conn, batch)
-        .await
-        .expect("enqueue");
-    drop(conn);
+    let ids = enqueue_round_robin(&db, 20, 4, "s", || BatchSpanJob {}).await;
     let runner = db
         .start_runner(
             test_config()
@@ -387,17 +398,7 @@ async fn lanes_that_all_have_work_batch_jobs_of_a_few_ms() {
     // slot is free whenever it picks, but every lane has work until the end,
     // so no idle lane could run a batch's jobs side by side, and batches
     // fill the window instead of holding one job each.
-    let mut conn = db.conn().await;
-    let batch: Vec<pgfifo::NewJob> = (0..120)
-        .map(|i| {
-            let group = pgfifo::EnqueueOptions::group(format!("b{}", i % 40));
-            pgfifo::NewJob::new(&BatchFreeJob { fail: false, ms: 5 }, group).expect("new job")
-        })
-        .collect();
-    let ids = pgfifo::enqueue_batch(&mut conn, batch)
-        .await
-        .expect("enqueue");
-    drop(conn);
+    let ids = enqueue_round_robin(&db, 120, 40, "b", || BatchFreeJob { fail: false, ms: 5 }).await;
     let config = test_config()
         .queues([QUEUE])
         .concurrency(2)

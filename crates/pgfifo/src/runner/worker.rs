@@ -176,70 +176,51 @@ async fn run_pick<'s>(
     registration: &mut Option<Registration<'s>>,
 ) -> Result<bool, ConnectionLost> {
     let limit = batching.limit(shared.groups_scarce());
-    let picked = if !pending.is_empty() {
-        // One round trip: commit the previous jobs, open the next transaction
-        // and pick. The simple-query COMMIT; BEGIN is written to the socket
-        // before the pick. If the COMMIT fails, PostgreSQL skips the BEGIN and
-        // pick refuses to run outside a transaction block, so no job ever
-        // runs without its locks.
-        let (committed, picked) = {
-            let mut shared_conn: &AsyncPgConnection = conn;
-            tokio::join!(
-                shared_conn.batch_execute(COMMIT_AND_BEGIN),
-                sql::pick(
-                    conn,
-                    &shared.queues,
-                    turn,
-                    *cursor,
-                    &shared.idle_bounds,
-                    limit
-                )
-            )
-        };
-        if let Err(err) = committed {
-            Tm::transaction_manager_status_mut(conn).set_in_error();
-            return Err(commit_failed(pending, &err));
-        }
-        set_depth(conn, 1)?;
-        for done in pending.drain(..) {
-            shared.committed(done);
-        }
-        picked
+    // One round trip: end the previous jobs' transaction (if any), open the
+    // next and pick. The simple-query `COMMIT; BEGIN` (or `BEGIN`) is written
+    // to the socket before the pick. If the COMMIT fails, PostgreSQL skips
+    // the BEGIN, and pick refuses to run outside a job transaction, so no job
+    // ever runs without its locks.
+    let opener = if !pending.is_empty() {
+        Some(COMMIT_AND_BEGIN)
     } else if depth(conn) != Some(1) {
-        // One round trip, as above: BEGIN is written to the socket before
-        // the pick, and if it failed, pick refuses to run outside a job
-        // transaction.
-        let (begun, picked) = {
-            let mut shared_conn: &AsyncPgConnection = conn;
-            tokio::join!(
-                shared_conn.batch_execute(BEGIN_JOB),
-                sql::pick(
-                    conn,
-                    &shared.queues,
-                    turn,
-                    *cursor,
-                    &shared.idle_bounds,
-                    limit
-                )
-            )
-        };
-        if let Err(err) = begun {
-            Tm::transaction_manager_status_mut(conn).set_in_error();
-            return Err(err.into());
-        }
-        set_depth(conn, 1)?;
-        picked
+        Some(BEGIN_JOB)
     } else {
-        sql::pick(
-            conn,
+        None
+    };
+    let (opened, picked) = {
+        let mut shared_conn: &AsyncPgConnection = conn;
+        let pick = sql::pick(
+            shared_conn,
             &shared.queues,
             turn,
             *cursor,
             &shared.idle_bounds,
             limit,
-        )
-        .await
+        );
+        match opener {
+            Some(opener) => {
+                let (opened, picked) = tokio::join!(shared_conn.batch_execute(opener), pick);
+                (Some(opened), picked)
+            }
+            None => (None, pick.await),
+        }
     };
+    match opened {
+        Some(Err(err)) => {
+            Tm::transaction_manager_status_mut(conn).set_in_error();
+            return Err(if pending.is_empty() {
+                err.into()
+            } else {
+                commit_failed(pending, &err)
+            });
+        }
+        Some(Ok(())) => set_depth(conn, 1)?,
+        None => {}
+    }
+    for done in pending.drain(..) {
+        shared.committed(done);
+    }
     let (jobs, more) = match picked {
         Ok(Picked::Jobs { jobs, more }) => {
             batching.picked(limit, jobs.len());
