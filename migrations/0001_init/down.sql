@@ -1,7 +1,7 @@
 -- Reverts 0001_init. The migration runner's bookkeeping table stays.
 DROP FUNCTION IF EXISTS pgfifo.complete(bigint[], integer[], text[], text[], jsonb[], bigint[], text[], text[]);
 DROP FUNCTION IF EXISTS pgfifo.start_attempts(bigint[], integer[], text);
-DROP FUNCTION IF EXISTS pgfifo.pick(text[], integer, integer, text[], integer[], integer, integer);
+DROP FUNCTION IF EXISTS pgfifo.pick(text[], integer, integer, text[], integer[], integer, integer, bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.advance_head(text, text, bigint);
 DROP FUNCTION IF EXISTS pgfifo.promote(text[], integer);
 DROP FUNCTION IF EXISTS pgfifo.enqueue(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[]);

@@ -455,3 +455,52 @@ async fn a_pick_never_returns_a_job_twice() {
     want.sort_unstable();
     assert_eq!(got, want, "each job once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_the_other_lanes_hold_are_not_work_left() {
+    let db = TestDb::new().await;
+    let jobs = (0..2)
+        .map(|_| BatchFreeJob { fail: false, ms: 0 })
+        .collect();
+    let ids = enqueue_one_per_group(&db, jobs).await;
+    db.scalar(&format!("SELECT pgfifo.promote(ARRAY['{QUEUE}'], 100)"))
+        .await;
+    #[derive(QueryableByName)]
+    struct Picked {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        more: bool,
+    }
+    let mut conn = db.direct().await;
+    // One job per pick, from the same place of the sweep each time; `held`
+    // is what the runner's other lanes hold.
+    let mut pick = async |held: &[i64]| -> Picked {
+        diesel_async::SimpleAsyncConnection::batch_execute(
+            &mut conn,
+            "BEGIN; SET LOCAL pgfifo.job_transaction = on",
+        )
+        .await
+        .expect("begin");
+        let picked: Picked = diesel::sql_query(format!(
+            "SELECT id, more FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 1, $1)"
+        ))
+        .bind::<diesel::sql_types::Array<BigInt>, _>(held)
+        .get_result(&mut conn)
+        .await
+        .expect("pick");
+        diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "ROLLBACK")
+            .await
+            .expect("rollback");
+        picked
+    };
+    let first = pick(&[]).await;
+    assert!(first.more, "the other group is ready and nobody holds it");
+    let other = *ids.iter().find(|id| **id != first.id).expect("other job");
+    let again = pick(&[other]).await;
+    assert_eq!(again.id, first.id);
+    assert!(
+        !again.more,
+        "the only other ready group is held by another lane of the runner"
+    );
+}

@@ -267,6 +267,75 @@ async fn enqueue_batch_returns_ids_in_input_order() {
     assert_eq!(disorder, 0, "jobs of a group ran in id (input) order");
 }
 
+/// `pgfifo.enqueue` has a path of its own for one job without a unique key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_enqueued_alone_is_stored_as_in_a_batch() {
+    let db = setup().await;
+    let options = |group: &str| {
+        EnqueueOptions::group(group)
+            .priority(7)
+            .max_attempts(9)
+            .run_in(Duration::from_secs(3600))
+    };
+    let payload = job("alike");
+    let mut conn = db.conn().await;
+    let alone = payload
+        .enqueue_with(&mut conn, options("alone"))
+        .await
+        .unwrap();
+    let batch = vec![
+        NewJob::new(&payload, options("batched")).unwrap(),
+        NewJob::new(&payload, EnqueueOptions::ungrouped().priority(7)).unwrap(),
+    ];
+    let batched = pgfifo::enqueue_batch(&mut conn, batch).await.unwrap();
+    let ungrouped = payload
+        .enqueue_with(&mut conn, EnqueueOptions::ungrouped().priority(7))
+        .await
+        .unwrap();
+    assert!(alone < batched[0] && batched[1] < ungrouped);
+    // The same columns, the delay from the server's clock included.
+    let alike = |a: JobId, b: JobId| {
+        format!(
+            "SELECT count(DISTINCT (queue, kind, payload, priority, max_attempts, state, attempts, \
+                                    attempt_base, unique_key, result, last_error, finished_at, \
+                                    round(extract(epoch FROM run_after - created_at)))) \
+             FROM pgfifo.job WHERE id IN ({a}, {b})"
+        )
+    };
+    assert_eq!(db.scalar(&alike(alone, batched[0])).await, 1);
+    assert_eq!(db.scalar(&alike(batched[1], ungrouped)).await, 1);
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT round(extract(epoch FROM run_after - created_at)) FROM pgfifo.job WHERE id = {alone}"
+        ))
+        .await,
+        3600
+    );
+    // Each idle group is woken once, ungrouped jobs wake no group.
+    let wakes = "SELECT count(*) FROM pgfifo.group_wake";
+    assert_eq!(db.scalar(wakes).await, 2);
+    assert_eq!(
+        db.scalar("SELECT count(DISTINCT group_id) FROM pgfifo.group_wake WHERE group_id IN ('alone', 'batched')")
+            .await,
+        2
+    );
+    // Into an active group, neither path writes a wake row.
+    db.exec("SELECT pgfifo.promote(ARRAY['enq_api'], 1000)")
+        .await;
+    assert_eq!(db.scalar(wakes).await, 0);
+    payload
+        .enqueue_with(&mut conn, options("alone"))
+        .await
+        .unwrap();
+    pgfifo::enqueue_batch(
+        &mut conn,
+        vec![NewJob::new(&payload, options("batched")).unwrap()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(db.scalar(wakes).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_in_a_transaction_runs_only_after_commit() {
     let db = setup().await;

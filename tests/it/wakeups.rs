@@ -1,13 +1,15 @@
-//! No job waits for the poll when the runner knows of it: after a batch, a
-//! lane picks again at once if a group it ran has its next job ready (an
-//! enqueue into an active group wakes nobody) or if its pick left other
-//! work, and otherwise waits for a wake-up. The poll interval here is far
-//! longer than the tests' limits, so a job that waited for it fails them.
+//! No job waits for the poll when the runner knows of it: enqueues into idle
+//! groups and ungrouped enqueues notify (on two channels) and wake lanes;
+//! after a batch, a lane picks again at once if a group it ran has its next
+//! job ready (an enqueue into an active group wakes nobody), if its pick left
+//! other work, or if a wake-up came that no waiting lane could take, and
+//! otherwise waits for a wake-up. The poll interval here is far longer than
+//! the tests' limits, so a job that waited for it fails them.
 
 use std::time::Duration;
 
 use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
-use pgfifo_tests::{test_config, TestDb};
+use pgfifo_tests::{eventually, test_config, TestDb};
 use serde::{Deserialize, Serialize};
 
 use crate::gate::gate;
@@ -103,5 +105,88 @@ async fn jobs_a_full_pick_left_behind_start_without_a_wake_up() {
         .expect("enqueue");
     drop(conn);
     db.wait_jobs_in(&ids, "succeeded", PROMPT).await;
+    runner.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_idle_groups_and_ungrouped_jobs_start_on_their_notification() {
+    let db = TestDb::new().await;
+    let runner = db
+        .start_runner(
+            test_config()
+                .queues([QUEUE])
+                .concurrency(2)
+                .poll_interval(POLL),
+        )
+        .await;
+    let mut conn = db.conn().await;
+    // One job (the one-row path of pgfifo.enqueue), then a batch.
+    let single = job("wakeups_idle", false)
+        .enqueue(&mut conn, "idle-1")
+        .await
+        .expect("enqueue");
+    db.wait_jobs_in(&[single], "succeeded", PROMPT).await;
+    let batch: Vec<NewJob> = ["idle-2", "idle-3"]
+        .iter()
+        .map(|group| {
+            NewJob::new(&job("wakeups_idle", false), EnqueueOptions::group(*group))
+                .expect("new job")
+        })
+        .collect();
+    let ids = pgfifo::enqueue_batch(&mut conn, batch)
+        .await
+        .expect("enqueue");
+    db.wait_jobs_in(&ids, "succeeded", PROMPT).await;
+    let ungrouped = job("wakeups_idle", false)
+        .enqueue_with(&mut conn, EnqueueOptions::ungrouped())
+        .await
+        .expect("enqueue");
+    db.wait_jobs_in(&[ungrouped], "succeeded", PROMPT).await;
+    drop(conn);
+    runner.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_woken_while_every_lane_is_busy_starts_after_the_batch() {
+    let db = TestDb::new().await;
+    let tag = "wakeups_busy";
+    let runner = db
+        .start_runner(
+            test_config()
+                .queues([QUEUE])
+                .concurrency(1)
+                .prefetch(0)
+                .poll_interval(POLL),
+        )
+        .await;
+    let mut conn = db.conn().await;
+    let first = job(tag, true)
+        .enqueue(&mut conn, "busy")
+        .await
+        .expect("enqueue");
+    gate(tag).wait_started(1).await;
+    // Another group: promoted by the listener while the only lane runs the
+    // first job, so its wake-up finds no lane waiting.
+    let second = job(tag, false)
+        .enqueue(&mut conn, "other")
+        .await
+        .expect("enqueue");
+    eventually("the second group is promoted", PROMPT, || async {
+        let active = db
+            .scalar(&format!(
+                "SELECT count(*) FROM pgfifo.queue_group \
+                 WHERE queue = '{QUEUE}' AND group_id = 'other' AND ready_at IS NOT NULL"
+            ))
+            .await;
+        if active == 1 {
+            Ok(())
+        } else {
+            Err("the group is not active yet".to_owned())
+        }
+    })
+    .await;
+    drop(conn);
+    gate(tag).release.add_permits(1);
+    db.wait_jobs_in(&[first, second], "succeeded", PROMPT).await;
     runner.shutdown().await.expect("shutdown");
 }

@@ -153,12 +153,13 @@ pub(crate) async fn pick(
     slot: i32,
     idle: &IdleBounds,
     limit: i32,
+    held: &[i64],
 ) -> diesel::QueryResult<Picked> {
     let rows: Vec<PickRow> = Prepared(
         diesel::sql_query(
             "SELECT id, queue, group_id, kind, payload, max_attempts, slot, more, \
                 pg_backend_pid() AS backend_pid \
-         FROM pgfifo.pick($1, $2, $3, $4, $5, $6, $7)",
+         FROM pgfifo.pick($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind::<Array<Text>, _>(queues)
         .bind::<Integer, _>(turn)
@@ -166,7 +167,8 @@ pub(crate) async fn pick(
         .bind::<Array<Text>, _>(&idle.kinds)
         .bind::<Array<Integer>, _>(&idle.idle_ms)
         .bind::<Integer, _>(idle.default_idle_ms)
-        .bind::<Integer, _>(limit),
+        .bind::<Integer, _>(limit)
+        .bind::<Array<BigInt>, _>(held),
     )
     .load(&mut conn)
     .await?;
@@ -379,8 +381,13 @@ pub(crate) async fn promote(
     Ok(row.n)
 }
 
-/// Subscribes this connection to the wake-up channel enqueue notifies.
-pub(crate) const LISTEN: &str = "LISTEN pgfifo";
+/// Subscribes this connection to both wake-up channels.
+pub(crate) const LISTEN: &str = "LISTEN pgfifo; LISTEN pgfifo_groups";
 
-/// The notification channel enqueue writes to (payload: the queue name).
+/// Work may be ready in a queue (payload: the queue name): an ungrouped job,
+/// a group an operator released. A runner wakes a lane for it.
 pub(crate) const CHANNEL: &str = "pgfifo";
+
+/// Enqueuers woke groups of a queue (payload: the queue name): they become
+/// pickable once promoted, and a runner wakes a lane per group it promoted.
+pub(crate) const GROUPS_CHANNEL: &str = "pgfifo_groups";

@@ -10,7 +10,7 @@ use std::pin::pin;
 use std::sync::Arc;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::bookkeeper::backoff;
@@ -43,9 +43,26 @@ pub(super) async fn run(shared: Arc<Shared>, service: CancellationToken) {
 
 /// Why the inner loop stopped listening for a moment.
 enum Interrupt {
-    Notified,
+    /// Notifications for this runner's queues: `work` if any said that work
+    /// may be ready without a group to promote (see `sql::CHANNEL`).
+    Notified {
+        work: bool,
+    },
     Tick,
     Stop,
+}
+
+/// Whether a notification concerns this runner: `Some(true)` on the channel
+/// that always wakes a lane, `Some(false)` on the woken-groups one.
+fn relevant(shared: &Shared, note: &diesel::pg::PgNotification) -> Option<bool> {
+    if !shared.queues.contains(&note.payload) {
+        return None;
+    }
+    match note.channel.as_str() {
+        sql::CHANNEL => Some(true),
+        sql::GROUPS_CHANNEL => Some(false),
+        _ => None,
+    }
 }
 
 /// Listens until `service` is cancelled (`Ok`) or the connection fails.
@@ -82,8 +99,20 @@ async fn listen_on(
                 tokio::select! {
                     item = stream.next() => match item {
                         Some(Ok(note)) => {
-                            if note.channel == sql::CHANNEL && shared.queues.contains(&note.payload) {
-                                break Interrupt::Notified;
+                            if let Some(mut work) = relevant(shared, &note) {
+                                // One promote for every notification that
+                                // has arrived already: they are of commits
+                                // it will see.
+                                while let Some(item) = stream.next().now_or_never() {
+                                    match item {
+                                        Some(Ok(note)) => {
+                                            work |= relevant(shared, &note) == Some(true);
+                                        }
+                                        Some(Err(err)) => return Err(err.to_string()),
+                                        None => return Err("notification stream ended".into()),
+                                    }
+                                }
+                                break Interrupt::Notified { work };
                             }
                         }
                         Some(Err(err)) => return Err(err.to_string()),
@@ -102,12 +131,18 @@ async fn listen_on(
                     .await
                     .map_err(|e| e.to_string());
             }
-            // A notification: new groups first, then the workers.
-            // (Ungrouped jobs notify too, without wake rows: one lane at
-            // least.)
-            Interrupt::Notified => {
+            // A notification: new groups first, then the workers, one lane
+            // per group promoted. Woken groups that this promote found
+            // nothing to do for were promoted by someone else (who woke
+            // lanes for them) or are running (their lane finds the new job
+            // when it advances the group): waking a lane for them only sent
+            // it to find nothing. Other notifications (an ungrouped job, an
+            // operator's release) wake one lane at least.
+            Interrupt::Notified { work } => {
                 let promoted = promote_all(shared, conn).await?;
-                shared.wake_lanes(promoted as usize);
+                if promoted > 0 || work {
+                    shared.wake_lanes(promoted as usize);
+                }
             }
             // The poll: also proves the connection is alive.
             Interrupt::Tick => {

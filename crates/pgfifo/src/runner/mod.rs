@@ -140,6 +140,10 @@ pub(crate) struct Shared {
     /// without being registered for them compares it before it waits (see
     /// the worker).
     pub wakes: AtomicU64,
+    /// Per lane, the jobs of its batch whose outcomes have not committed yet
+    /// (their groups are locked by it): a pick does not count them as work
+    /// left for later (see `pgfifo.pick`'s `more`).
+    pub held: Vec<std::sync::Mutex<Vec<i64>>>,
     /// When this runner started: the clock of `promoted_at`.
     pub epoch: std::time::Instant,
     /// When woken groups were last promoted (ms since `epoch`).
@@ -200,16 +204,46 @@ impl Shared {
     /// nothing: at a few hundred enqueues a second that alone kept the
     /// server's cores busy. A lane that finds work wakes the next one (see
     /// the worker), so a burst still reaches every lane.
+    ///
+    /// `wakes` counts only the wake-ups that no waiting lane may take: lanes
+    /// busy with handlers compare it after their batch and pick again if it
+    /// moved. Counting every wake-up sent most of them, at a few hundred
+    /// enqueues a second, to pick again for work an idle lane had already
+    /// taken. (`idle_lanes` is read before the lanes are notified; a lane
+    /// counted there is registered, and a registration dropped while
+    /// notified passes the wake-up on.)
     fn wake_lanes(&self, n: usize) {
-        for _ in 0..n.clamp(1, self.config.concurrency + self.prefetch) {
-            self.wake_one();
+        let n = n.clamp(1, self.config.concurrency + self.prefetch);
+        if self.idle_lanes.load(Ordering::SeqCst) < n {
+            self.wakes.fetch_add(1, Ordering::SeqCst);
+        }
+        for _ in 0..n {
+            self.wake.notify_one();
         }
     }
 
     /// Wakes one waiting lane (or the next to register).
     fn wake_one(&self) {
-        self.wakes.fetch_add(1, Ordering::SeqCst);
-        self.wake.notify_one();
+        self.wake_lanes(1);
+    }
+
+    /// Notes the jobs lane `lane` holds now (none: its last outcomes
+    /// committed, or it lost its connection).
+    fn hold(&self, lane: usize, jobs: impl IntoIterator<Item = i64>) {
+        let mut held = self.held[lane].lock().unwrap_or_else(|e| e.into_inner());
+        held.clear();
+        held.extend(jobs);
+    }
+
+    /// The jobs the lanes other than `lane` hold (see `held`).
+    fn held_by_others(&self, lane: usize) -> Vec<i64> {
+        let mut all = Vec::new();
+        for (other, held) in self.held.iter().enumerate() {
+            if other != lane {
+                all.extend_from_slice(&held.lock().unwrap_or_else(|e| e.into_inner()));
+            }
+        }
+        all
     }
 
     /// Wakes every waiting lane.
@@ -301,6 +335,9 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         handler_us: AtomicU64::new(0),
         idle_lanes: AtomicUsize::new(0),
         wakes: AtomicU64::new(0),
+        held: (0..config.concurrency + prefetch)
+            .map(|_| std::sync::Mutex::new(Vec::new()))
+            .collect(),
         epoch: std::time::Instant::now(),
         promoted_at: AtomicU64::new(0),
         metrics: metrics::Metrics::new(&queues),

@@ -36,13 +36,26 @@ type Registration<'a> = Pin<Box<Notified<'a>>>;
 /// A wait for a pooled connection longer than this is logged.
 const SLOW_POOL: Duration = Duration::from_secs(1);
 
+/// What a lane keeps from one pick to the next.
+struct Lane {
+    /// The lane's number (its place in `Shared::held`).
+    slot: usize,
+    /// Rotates the queue and the kind of job a pick starts with.
+    turn: i32,
+    /// Where this lane's round-robin sweep over the groups continues (see
+    /// `pgfifo.pick`); lanes start at random places.
+    cursor: i32,
+    batching: Batching,
+}
+
 pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
-    let mut turn = slot as i32;
-    // Where this worker's round-robin sweep over the groups continues (see
-    // `pgfifo.pick`); workers start at random places.
-    let mut cursor = random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32;
+    let mut lane = Lane {
+        slot,
+        turn: slot as i32,
+        cursor: random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32,
+        batching: Batching::new(shared.config.max_batch, shared.config.batch_window),
+    };
     let mut failures = 0u32;
-    let mut batching = Batching::new(shared.config.max_batch, shared.config.batch_window);
     // Lanes beyond `concurrency` take jobs ahead of a free slot, which only
     // pays while handlers are long enough (see `Shared::prefetch_rests`).
     let prefetch_lane = slot >= shared.config.concurrency;
@@ -72,18 +85,16 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
             if registration.is_none() {
                 registration = Some(register(&shared));
             }
-            turn = turn.wrapping_add(1);
+            lane.turn = lane.turn.wrapping_add(1);
             let step = if shared.stop.is_cancelled() || (prefetch_lane && shared.prefetch_rests()) {
-                commit_pending(&shared, &mut conn, &mut pending)
+                commit_pending(&shared, &mut conn, &mut pending, slot)
                     .await
                     .map(|()| false)
             } else {
                 run_pick(
                     &shared,
                     &mut conn,
-                    turn,
-                    &mut cursor,
-                    &mut batching,
+                    &mut lane,
                     &mut pending,
                     &mut registration,
                 )
@@ -93,6 +104,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
                 Ok(true) => failures = 0,
                 Ok(false) => break,
                 Err(ConnectionLost(err)) => {
+                    shared.hold(slot, []);
                     failures += 1;
                     tracing::warn!(error = %err, slot, "pgfifo worker: database connection failed; retrying");
                     drop(conn);
@@ -115,13 +127,13 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         }
         let notified = registration.unwrap_or_else(|| register(&shared));
         let poll = jittered(shared.config.poll_interval);
-        shared.idle_lanes.fetch_add(1, Ordering::Relaxed);
+        shared.idle_lanes.fetch_add(1, Ordering::SeqCst);
         tokio::select! {
             () = notified => {}
             () = tokio::time::sleep(poll) => {}
             () = shared.stop.cancelled() => {}
         }
-        shared.idle_lanes.fetch_sub(1, Ordering::Relaxed);
+        shared.idle_lanes.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -169,13 +181,11 @@ async fn connection(shared: &Shared) -> Option<PooledConnection> {
 async fn run_pick<'s>(
     shared: &'s Shared,
     conn: &mut AsyncPgConnection,
-    turn: i32,
-    cursor: &mut i32,
-    batching: &mut Batching,
+    lane: &mut Lane,
     pending: &mut Vec<Done>,
     registration: &mut Option<Registration<'s>>,
 ) -> Result<bool, ConnectionLost> {
-    let limit = batching.limit(shared.groups_scarce());
+    let limit = lane.batching.limit(shared.groups_scarce());
     // One round trip: end the previous jobs' transaction (if any), open the
     // next and pick. The simple-query `COMMIT; BEGIN` (or `BEGIN`) is written
     // to the socket before the pick. If the COMMIT fails, PostgreSQL skips
@@ -188,15 +198,17 @@ async fn run_pick<'s>(
     } else {
         None
     };
+    let held = shared.held_by_others(lane.slot);
     let (opened, picked) = {
         let mut shared_conn: &AsyncPgConnection = conn;
         let pick = sql::pick(
             shared_conn,
             &shared.queues,
-            turn,
-            *cursor,
+            lane.turn,
+            lane.cursor,
             &shared.idle_bounds,
             limit,
+            &held,
         );
         match opener {
             Some(opener) => {
@@ -221,9 +233,15 @@ async fn run_pick<'s>(
     for done in pending.drain(..) {
         shared.committed(done);
     }
+    // The jobs this lane holds now: those picked, or none (anything it held
+    // before committed with the pick).
+    match &picked {
+        Ok(Picked::Jobs { jobs, .. }) => shared.hold(lane.slot, jobs.iter().map(|job| job.id)),
+        _ => shared.hold(lane.slot, []),
+    }
     let (jobs, more) = match picked {
         Ok(Picked::Jobs { jobs, more }) => {
-            batching.picked(limit, jobs.len());
+            lane.batching.picked(limit, jobs.len());
             // Not waiting while running these: a wake-up this lane got
             // passes on to the next waiting lane. A full pick of several
             // jobs means there may be more work: wake an idle lane (which
@@ -236,14 +254,14 @@ async fn run_pick<'s>(
                 shared.wake_one();
             }
             if let Some(slot) = jobs.iter().rev().find_map(|job| job.slot) {
-                *cursor = slot.wrapping_add(1);
+                lane.cursor = slot.wrapping_add(1);
             }
             (jobs, more)
         }
         Ok(Picked::Retry(slot)) => {
             // A group changed under the pick: release it and look again.
             if let Some(slot) = slot {
-                *cursor = slot.wrapping_add(1);
+                lane.cursor = slot.wrapping_add(1);
             }
             Tm::commit_transaction(conn).await?;
             return Ok(true);
@@ -274,9 +292,10 @@ async fn run_pick<'s>(
         }
     };
     // Wake-ups sent from here on are not seen by this lane (it is not
-    // registered while it runs the jobs): they are counted instead.
+    // registered while it runs the jobs): those that no waiting lane could
+    // take are counted instead (see `Shared::wake_lanes`).
     let wakes = shared.wakes.load(Ordering::SeqCst);
-    let finished = execute(shared, conn, jobs, batching).await?;
+    let finished = execute(shared, conn, jobs, &mut lane.batching).await?;
     *pending = finished.done;
     if pending.is_empty() || more || finished.again {
         return Ok(true);
@@ -284,15 +303,16 @@ async fn run_pick<'s>(
     // Nothing is left that a wake-up would not announce: the pick walked
     // every candidate, and no group of these jobs has its next one ready.
     // Commit alone and wait, rather than pick again to find nothing (which
-    // at low rates was most picks), unless a wake-up was sent meanwhile (a
-    // stored one is taken by the registration, but several collapse into
-    // one, and `wake_all` reaches only lanes already registered). Registered
-    // before the count is compared, so none falls in between.
+    // at low rates was most picks), unless a wake-up was sent meanwhile that
+    // no waiting lane could take (a stored one is taken by the
+    // registration, but several collapse into one, and `wake_all` reaches
+    // only lanes already registered). Registered before the count is
+    // compared, so none falls in between.
     *registration = Some(register(shared));
     if shared.wakes.load(Ordering::SeqCst) != wakes {
         return Ok(true);
     }
-    commit_pending(shared, conn, pending).await?;
+    commit_pending(shared, conn, pending, lane.slot).await?;
     Ok(false)
 }
 
@@ -301,12 +321,14 @@ async fn commit_pending(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     pending: &mut Vec<Done>,
+    lane: usize,
 ) -> Result<(), ConnectionLost> {
     if !pending.is_empty() {
         if let Err(err) = conn.batch_execute("COMMIT").await {
             Tm::transaction_manager_status_mut(conn).set_in_error();
             return Err(commit_failed(pending, &err));
         }
+        shared.hold(lane, []);
         set_depth(conn, 0)?;
         for done in pending.drain(..) {
             shared.committed(done);
