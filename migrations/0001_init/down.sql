@@ -5,6 +5,7 @@ DROP FUNCTION IF EXISTS pgfifo.pick(text[], integer, integer, text[], integer[],
 DROP FUNCTION IF EXISTS pgfifo.advance_head(text, text, bigint);
 DROP FUNCTION IF EXISTS pgfifo.promote(text[], integer);
 DROP FUNCTION IF EXISTS pgfifo.enqueue(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[]);
+DROP FUNCTION IF EXISTS pgfifo.micros_until(timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.run_after(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.group_lock_key(text, text);
 DROP FUNCTION IF EXISTS pgfifo.group_hash(text, text);

@@ -193,6 +193,11 @@ RETURN CASE
     ELSE now()
 END;
 
+-- Microseconds from p_now until p_at (0 when p_at has passed).
+CREATE FUNCTION pgfifo.micros_until(p_at timestamptz, p_now timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN greatest(0, extract(epoch FROM p_at - p_now) * 1000000)::bigint;
+
 -- Enqueues a batch of jobs in one call; returns one id per input row, in input
 -- order (for a row whose unique key is taken, the id of the unfinished job that
 -- holds it).
@@ -476,9 +481,11 @@ $$;
 -- In the common case (the next head is ready now, same priority) only head_id
 -- changes, which makes the update a HOT update (see queue_group).
 --
--- Returns whether the group now has a head that is ready at once (the
--- runner then picks again rather than wait for a wake-up).
-CREATE FUNCTION pgfifo.advance_head(p_queue text, p_group text, p_done bigint) RETURNS boolean
+-- Returns in how many microseconds the group's head is ready (0: now, and
+-- the runner picks again rather than wait for a wake-up; NULL: the group is
+-- idle). Nobody is woken for a head that becomes ready later: the runner
+-- looks again by then.
+CREATE FUNCTION pgfifo.advance_head(p_queue text, p_group text, p_done bigint) RETURNS bigint
 LANGUAGE plpgsql
 -- Index-driven whatever the statistics, never JIT-compiled (see pick).
 SET enable_sort = off
@@ -499,7 +506,7 @@ BEGIN
             UPDATE pgfifo.queue_group
             SET head_id = p_done, ready_at = v_now + interval '50 milliseconds'
             WHERE queue = p_queue AND group_id = p_group;
-            RETURN false;
+            RETURN 50000;
         END IF;
         SELECT id, priority, run_after INTO v_next FROM pgfifo.job
         WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
@@ -508,7 +515,7 @@ BEGIN
     IF v_next.id IS NULL THEN
         UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL, idle_since = v_now
         WHERE queue = p_queue AND group_id = p_group;
-        RETURN false;
+        RETURN NULL;
     END IF;
     UPDATE pgfifo.queue_group
     SET head_id  = v_next.id,
@@ -516,7 +523,7 @@ BEGIN
         ready_at = CASE WHEN v_next.run_after <= v_now AND ready_at <= v_now
                         THEN ready_at ELSE v_next.run_after END
     WHERE queue = p_queue AND group_id = p_group;
-    RETURN v_next.run_after <= v_now;
+    RETURN pgfifo.micros_until(v_next.run_after, v_now);
 END
 $$;
 
@@ -848,9 +855,11 @@ $$;
 -- A grouped job that failed for good in a queue whose failure policy is
 -- 'hold' stays its group's head and holds it (see queue_group).
 --
--- Returns whether one of the jobs left work that is ready at once: a group
--- whose next head is (enqueues into an active group wake nobody), or a retry
--- without delay. The runner then picks again for it.
+-- Returns in how many microseconds the earliest work these jobs left is
+-- ready: a group's next head (enqueues into an active group wake nobody), a
+-- retry, a group advance_head could not yet declare idle. 0: ready now, and
+-- the runner picks again for it; NULL: none. Nobody is woken for work that
+-- becomes ready later: the runner looks again by then.
 CREATE FUNCTION pgfifo.complete(
     p_ids              bigint[],
     p_attempts         integer[],
@@ -860,7 +869,7 @@ CREATE FUNCTION pgfifo.complete(
     p_retry_delay_us   bigint[],
     p_queues           text[],
     p_groups           text[]
-) RETURNS boolean
+) RETURNS bigint
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_seqscan = off
@@ -873,8 +882,8 @@ DECLARE
     v_n        integer := coalesce(cardinality(p_ids), 0);
     v_advanced integer;
     v_moved    bigint[];
-    v_ready    boolean := false;
-    v_now_ready boolean;
+    v_ready_in bigint;
+    v_next_in  bigint;
     v_id       bigint;
     v_queue    text;
     v_group    text;
@@ -914,17 +923,19 @@ BEGIN
                 WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
                 ORDER BY j.id LIMIT 1) AS next
             WHERE g.queue = done.q AND g.group_id = done.grp
-            RETURNING done.done_id, next.run_after <= v_now AS now_ready)
-        SELECT array_agg(moved.done_id), coalesce(bool_or(moved.now_ready), false)
-        INTO v_moved, v_ready FROM moved;
+            RETURNING done.done_id, pgfifo.micros_until(next.run_after, v_now) AS ready_in)
+        SELECT array_agg(moved.done_id), min(moved.ready_in)
+        INTO v_moved, v_ready_in FROM moved;
     END IF;
     FOR v_i IN 1 .. v_n LOOP
         v_id := p_ids[v_i];
         v_queue := p_queues[v_i];
         v_group := p_groups[v_i];
         v_outcome := p_outcomes[v_i];
-        -- A retry due at once is work that nobody is woken for either.
-        v_ready := v_ready OR (v_outcome = 'retry' AND coalesce(p_retry_delay_us[v_i], 0) <= 0);
+        -- A retry is work that nobody is woken for either.
+        IF v_outcome = 'retry' THEN
+            v_ready_in := least(v_ready_in, greatest(coalesce(p_retry_delay_us[v_i], 0), 0));
+        END IF;
         CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
         IF v_outcome = 'retry' THEN
             UPDATE pgfifo.queue_group
@@ -951,15 +962,15 @@ BEGIN
                                         THEN g.ready_at ELSE next.run_after END
                     FROM next
                     WHERE g.queue = v_queue AND g.group_id = v_group
-                    RETURNING next.run_after <= v_now AS now_ready)
-                SELECT count(*), coalesce(bool_or(moved.now_ready), false)
-                INTO v_advanced, v_now_ready FROM moved;
-                v_ready := v_ready OR v_now_ready;
+                    RETURNING pgfifo.micros_until(next.run_after, v_now) AS ready_in)
+                SELECT count(*), min(moved.ready_in)
+                INTO v_advanced, v_next_in FROM moved;
+                v_ready_in := least(v_ready_in, v_next_in);
             END IF;
             -- No next job visible: advance_head decides whether the group is
             -- idle (it never waits; see there).
             IF v_advanced = 0 THEN
-                v_ready := pgfifo.advance_head(v_queue, v_group, v_id) OR v_ready;
+                v_ready_in := least(v_ready_in, pgfifo.advance_head(v_queue, v_group, v_id));
             END IF;
         END IF;
     END LOOP;
@@ -993,6 +1004,6 @@ BEGIN
         FROM unnest(p_ids, p_attempts, p_errors) AS t(id, attempt, error)
         WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt;
     END IF;
-    RETURN v_ready;
+    RETURN v_ready_in;
 END
 $$;

@@ -3,7 +3,7 @@
 //! after a batch, a lane picks again at once if a group it ran has its next
 //! job ready (an enqueue into an active group wakes nobody), if its pick left
 //! other work, or if a wake-up came that no waiting lane could take, and
-//! otherwise waits for a wake-up. The poll interval here is far longer than
+//! otherwise waits for a wake-up, or until a retry it wrote is due. The poll interval here is far longer than
 //! the tests' limits, so a job that waited for it fails them.
 
 use std::time::Duration;
@@ -188,5 +188,54 @@ async fn a_group_woken_while_every_lane_is_busy_starts_after_the_batch() {
     drop(conn);
     gate(tag).release.add_permits(1);
     db.wait_jobs_in(&[first, second], "succeeded", PROMPT).await;
+    runner.shutdown().await.expect("shutdown");
+}
+
+/// Fails its first attempt with a retry after `delay_ms`.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(queue = "wakeups", max_attempts = 3)]
+struct RetriesOnce {
+    delay_ms: u64,
+}
+
+#[async_trait]
+impl Handler for RetriesOnce {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        if ctx.attempt() == 1 {
+            return Err(JobError::retry_after(
+                Duration::from_millis(self.delay_ms),
+                "first attempt",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_runs_when_its_delay_is_over_not_at_the_poll() {
+    let db = TestDb::new().await;
+    let runner = db
+        .start_runner(
+            test_config()
+                .queues([QUEUE])
+                .concurrency(2)
+                .poll_interval(POLL),
+        )
+        .await;
+    let mut conn = db.conn().await;
+    // Grouped (the group waits for the retry) and ungrouped, each retried
+    // once 300 ms after its first attempt.
+    let grouped = RetriesOnce { delay_ms: 300 }
+        .enqueue(&mut conn, "retried")
+        .await
+        .expect("enqueue");
+    let ungrouped = RetriesOnce { delay_ms: 300 }
+        .enqueue_with(&mut conn, EnqueueOptions::ungrouped())
+        .await
+        .expect("enqueue");
+    drop(conn);
+    db.wait_jobs_in(&[grouped, ungrouped], "succeeded", PROMPT)
+        .await;
+    assert_eq!(db.attempts_of(&[grouped, ungrouped]).await, 4);
     runner.shutdown().await.expect("shutdown");
 }

@@ -4,6 +4,8 @@
 //! that enqueue, pick and completion are one round trip each and their locking
 //! contracts sit next to the tables they lock.
 
+use std::time::Duration;
+
 use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, SmallInt, Text};
@@ -318,21 +320,22 @@ pub(crate) struct Completion<'a> {
 
 #[derive(QueryableByName)]
 struct ReadyRow {
-    #[diesel(sql_type = Bool)]
-    ready: bool,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ready_in_us: Option<i64>,
 }
 
 /// Writes the outcomes of a pick's jobs in their transaction (which then
-/// commits), in one statement. Returns whether one of their groups now has a
-/// next job ready at once, which nobody is woken for (see `pgfifo.complete`).
+/// commits), in one statement. Returns how soon the earliest work they left
+/// is ready (a group's next job, a retry), which nobody is woken for: zero
+/// when it is ready now, `None` when they left none (see `pgfifo.complete`).
 ///
 /// Takes a shared reference so it can be pipelined behind a simple query.
 pub(crate) async fn complete(
     mut conn: &AsyncPgConnection,
     done: &[Completion<'_>],
-) -> diesel::QueryResult<bool> {
+) -> diesel::QueryResult<Option<Duration>> {
     let rows: Vec<ReadyRow> = Prepared(
-        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8) AS ready")
+        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8) AS ready_in_us")
             .bind::<Array<BigInt>, _>(done.iter().map(|d| d.job.id).collect::<Vec<_>>())
             .bind::<Array<Integer>, _>(done.iter().map(|d| d.attempt).collect::<Vec<_>>())
             .bind::<Array<Text>, _>(done.iter().map(|d| d.outcome.as_sql()).collect::<Vec<_>>())
@@ -354,7 +357,11 @@ pub(crate) async fn complete(
     )
     .load(&mut conn)
     .await?;
-    Ok(rows.iter().any(|row| row.ready))
+    Ok(rows
+        .iter()
+        .filter_map(|row| row.ready_in_us)
+        .min()
+        .map(|us| Duration::from_micros(us.max(0) as u64)))
 }
 
 #[derive(QueryableByName)]

@@ -42,8 +42,10 @@ pub struct RunnerConfig {
     /// `concurrency + prefetch + 4` plus the application's needs.
     pub prefetch: Option<usize>,
     /// How often an idle runner looks for work when no notification arrives
-    /// (default 1 s). Notifications make new jobs start within milliseconds;
-    /// polling catches delayed jobs and retries whose time has come.
+    /// (default 1 s). Notifications make new jobs start within milliseconds,
+    /// and a runner looks again when a retry it wrote is due; polling catches
+    /// delayed jobs whose time has come, other runners' retries and lost
+    /// notifications.
     pub poll_interval: Duration,
     /// The timeout of jobs whose type sets none (default 5 minutes).
     pub default_timeout: Duration,

@@ -62,6 +62,10 @@ pub(super) struct Finished {
     /// an active group wake nobody), jobs were handed back, or the
     /// transaction was rolled back.
     pub(super) again: bool,
+    /// How soon work these jobs left becomes ready by itself (a retry's
+    /// delay, a group's delayed next job): nobody is woken for it, so the
+    /// worker waits no longer than that.
+    pub(super) soon: Option<Duration>,
 }
 
 impl Finished {
@@ -69,6 +73,16 @@ impl Finished {
         Finished {
             done: Vec::new(),
             again: true,
+            soon: None,
+        }
+    }
+
+    /// The outcomes are written; `ready_in` is what `sql::complete` said.
+    fn written(done: Vec<Done>, ready_in: Option<Duration>) -> Self {
+        Finished {
+            done,
+            again: ready_in.is_some_and(|d| d.is_zero()),
+            soon: ready_in.filter(|d| !d.is_zero()),
         }
     }
 }
@@ -436,7 +450,7 @@ async fn write(
         sql::complete(conn, &completions).await
     };
     let err = match written {
-        Ok(again) => return Ok(Finished { done, again }),
+        Ok(ready_in) => return Ok(Finished::written(done, ready_in)),
         Err(err) if is_connection_error(&err) => return Err(err.into()),
         Err(err) => err,
     };
@@ -457,7 +471,7 @@ async fn write(
         done.push(failed);
         let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
         match sql::complete(conn, &completions).await {
-            Ok(again) => return Ok(Finished { done, again }),
+            Ok(ready_in) => return Ok(Finished::written(done, ready_in)),
             Err(err) if is_connection_error(&err) => return Err(err.into()),
             Err(err) => return refused(shared, conn, done, &err, backend_pid, batching).await,
         }

@@ -46,6 +46,34 @@ struct Lane {
     /// `pgfifo.pick`); lanes start at random places.
     cursor: i32,
     batching: Batching,
+    /// When work that this lane's jobs left becomes ready by itself (a
+    /// retry's delay, a group's delayed next head): the lane waits for a
+    /// wake-up no longer than that.
+    look_by: Option<Instant>,
+}
+
+impl Lane {
+    /// Notes work of this lane's jobs that is ready in `soon`.
+    fn look_in(&mut self, soon: Duration) {
+        let at = Instant::now() + soon;
+        self.look_by = Some(self.look_by.map_or(at, |by| by.min(at)));
+    }
+
+    /// How long to wait for a wake-up: the poll, or less when work of this
+    /// lane's jobs is ready sooner (nothing when it is ready already).
+    fn wait(&self, poll: Duration) -> Duration {
+        match self.look_by {
+            Some(by) => by.saturating_duration_since(Instant::now()).min(poll),
+            None => poll,
+        }
+    }
+
+    /// Called as a pick starts: work ready by now is work this pick sees.
+    fn looking(&mut self) {
+        if self.look_by.is_some_and(|by| by <= Instant::now()) {
+            self.look_by = None;
+        }
+    }
 }
 
 pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
@@ -54,6 +82,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         turn: slot as i32,
         cursor: random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32,
         batching: Batching::new(shared.config.max_batch, shared.config.batch_window),
+        look_by: None,
     };
     let mut failures = 0u32;
     // Lanes beyond `concurrency` take jobs ahead of a free slot, which only
@@ -126,7 +155,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
             continue;
         }
         let notified = registration.unwrap_or_else(|| register(&shared));
-        let poll = jittered(shared.config.poll_interval);
+        let poll = lane.wait(jittered(shared.config.poll_interval));
         shared.idle_lanes.fetch_add(1, Ordering::SeqCst);
         tokio::select! {
             () = notified => {}
@@ -185,6 +214,7 @@ async fn run_pick<'s>(
     pending: &mut Vec<Done>,
     registration: &mut Option<Registration<'s>>,
 ) -> Result<bool, ConnectionLost> {
+    lane.looking();
     let limit = lane.batching.limit(shared.groups_scarce());
     // One round trip: end the previous jobs' transaction (if any), open the
     // next and pick. The simple-query `COMMIT; BEGIN` (or `BEGIN`) is written
@@ -296,6 +326,9 @@ async fn run_pick<'s>(
     // take are counted instead (see `Shared::wake_lanes`).
     let wakes = shared.wakes.load(Ordering::SeqCst);
     let finished = execute(shared, conn, jobs, &mut lane.batching).await?;
+    if let Some(soon) = finished.soon {
+        lane.look_in(soon);
+    }
     *pending = finished.done;
     if pending.is_empty() || more || finished.again {
         return Ok(true);
