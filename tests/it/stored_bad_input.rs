@@ -48,9 +48,9 @@ impl Handler for StoredBadInputJob {
 /// library's checks; returns its id. `payload` is a JSON literal.
 async fn store_raw(db: &TestDb, queue: &str, group: &str, kind: &str, payload: &str) -> i64 {
     db.scalar(&format!(
-        "SELECT id FROM pgfifo.enqueue( \
+        "SELECT (pgfifo.enqueue( \
            ARRAY['{queue}'], ARRAY['{group}'], ARRAY['{kind}'], ARRAY['{payload}'::jsonb], \
-           ARRAY[0::smallint], ARRAY[3], NULL, ARRAY[NULL::bigint], ARRAY[NULL::bigint]) AS id"
+           ARRAY[0::smallint], ARRAY[3], NULL, ARRAY[NULL::bigint], ARRAY[NULL::bigint]))[1]"
     ))
     .await
 }

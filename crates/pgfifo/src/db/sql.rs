@@ -58,9 +58,9 @@ pub(crate) struct EnqueueArrays {
 }
 
 #[derive(QueryableByName)]
-struct IdRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
+struct IdsRow {
+    #[diesel(sql_type = Array<BigInt>)]
+    ids: Vec<i64>,
 }
 
 /// Inserts a batch of jobs; returns their ids in input order.
@@ -69,23 +69,21 @@ pub(crate) async fn enqueue(
     jobs: EnqueueArrays,
 ) -> diesel::QueryResult<Vec<JobId>> {
     let any_unique = jobs.unique_key.iter().any(Option::is_some);
-    let rows: Vec<IdRow> = Prepared(
-        diesel::sql_query(
-            "SELECT id FROM pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS id",
-        )
-        .bind::<Array<Text>, _>(jobs.queue)
-        .bind::<Array<Nullable<Text>>, _>(jobs.group)
-        .bind::<Array<Text>, _>(jobs.kind)
-        .bind::<Array<Jsonb>, _>(jobs.payload)
-        .bind::<Array<SmallInt>, _>(jobs.priority)
-        .bind::<Array<Integer>, _>(jobs.max_attempts)
-        .bind::<Nullable<Array<Nullable<Text>>>, _>(any_unique.then_some(jobs.unique_key))
-        .bind::<Array<Nullable<BigInt>>, _>(jobs.run_at_us)
-        .bind::<Array<Nullable<BigInt>>, _>(jobs.delay_us),
+    let row: IdsRow = Prepared(
+        diesel::sql_query("SELECT pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS ids")
+            .bind::<Array<Text>, _>(jobs.queue)
+            .bind::<Array<Nullable<Text>>, _>(jobs.group)
+            .bind::<Array<Text>, _>(jobs.kind)
+            .bind::<Array<Jsonb>, _>(jobs.payload)
+            .bind::<Array<SmallInt>, _>(jobs.priority)
+            .bind::<Array<Integer>, _>(jobs.max_attempts)
+            .bind::<Nullable<Array<Nullable<Text>>>, _>(any_unique.then_some(jobs.unique_key))
+            .bind::<Array<Nullable<BigInt>>, _>(jobs.run_at_us)
+            .bind::<Array<Nullable<BigInt>>, _>(jobs.delay_us),
     )
-    .load(conn)
+    .get_result(conn)
     .await?;
-    Ok(rows.into_iter().map(|row| row.id).collect())
+    Ok(row.ids)
 }
 
 /// A job locked by `pgfifo.pick`, with the backend pid of the connection that
