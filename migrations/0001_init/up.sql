@@ -242,6 +242,7 @@ DECLARE
     v_notify  text[];
     v_gq      text[];
     v_gg      text[];
+    v_void    text;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgfifo enqueue requires READ COMMITTED isolation (found %)',
@@ -252,25 +253,32 @@ BEGIN
     END IF;
 
     -- One job without a unique key, the common call: the same steps as
-    -- below, written for one row. Lock, id and notification are plain
-    -- expressions here, which PL/pgSQL evaluates without starting a query;
-    -- that halves the server's time per call.
+    -- below, written for one row in two queries (the job, and the wake row
+    -- with its notification). Lock, id and the notification of an ungrouped
+    -- job are assignments of plain expressions, which PL/pgSQL evaluates
+    -- without starting a query (PERFORM would start one; the functions
+    -- return void, hence the casts). Less than half the server's time of the
+    -- batch path for one job.
     IF v_n = 1 AND p_unique_key[1] IS NULL THEN
         IF p_group[1] IS NOT NULL THEN
-            PERFORM pg_advisory_xact_lock_shared(1885824614,
-                                                 pgfifo.group_lock_key(p_queue[1], p_group[1]));
+            v_void := pg_advisory_xact_lock_shared(
+                1885824614, pgfifo.group_lock_key(p_queue[1], p_group[1]))::text;
         END IF;
         v_id := nextval('pgfifo.job_id_seq');
         INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after)
         VALUES (v_id, p_queue[1], p_group[1], p_kind[1], p_payload[1], p_priority[1],
                 p_max_attempts[1], pgfifo.run_after(p_run_at_us[1], p_delay_us[1]));
         IF p_group[1] IS NULL THEN
-            PERFORM pg_notify('pgfifo', p_queue[1]);
-        ELSIF NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
-                          WHERE qg.queue = p_queue[1] AND qg.group_id = p_group[1]
-                            AND qg.ready_at IS NOT NULL) THEN
-            INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (p_queue[1], p_group[1]);
-            PERFORM pg_notify('pgfifo_groups', p_queue[1]);
+            v_void := pg_notify('pgfifo', p_queue[1])::text;
+        ELSE
+            WITH woken AS (
+                INSERT INTO pgfifo.group_wake (queue, group_id)
+                SELECT p_queue[1], p_group[1]
+                WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                                  WHERE qg.queue = p_queue[1] AND qg.group_id = p_group[1]
+                                    AND qg.ready_at IS NOT NULL)
+                RETURNING queue)
+            SELECT pg_notify('pgfifo_groups', woken.queue)::text INTO v_void FROM woken;
         END IF;
         RETURN ARRAY[v_id];
     END IF;
@@ -348,7 +356,7 @@ BEGIN
     -- (they wake a lane). Active groups need no wake-up: their runner
     -- advances.
     PERFORM pg_notify('pgfifo_groups', q) FROM unnest(v_notify) AS q;
-    IF array_position(p_group, NULL::text) IS NOT NULL THEN
+    IF p_group IS NULL OR array_position(p_group, NULL::text) IS NOT NULL THEN
         PERFORM pg_notify('pgfifo', s.q)
         FROM (SELECT DISTINCT t.q FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
               WHERE t.g IS NULL AND t.created) AS s(q);
@@ -414,7 +422,11 @@ BEGIN
             WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id
             FOR NO KEY UPDATE OF g SKIP LOCKED;
             v_locked := FOUND;
-            EXIT WHEN v_locked OR v_try = 2;
+            -- (A row someone holds is not inserted again: the insert would
+            -- wait for a transaction that updated it.)
+            EXIT WHEN v_locked OR v_try = 2
+                   OR EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                              WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id);
             INSERT INTO pgfifo.queue_group (queue, group_id, slot)
             VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_hash(v_wake.queue, v_wake.group_id))
             ON CONFLICT (queue, group_id) DO NOTHING;
@@ -783,7 +795,7 @@ BEGIN
     -- hundred jobs a second, counting them sent most lanes to pick again
     -- after every job, to find nothing.
     IF v_count >= v_limit AND NOT v_more THEN
-        v_ids := v_ids || coalesce(p_held, '{}');
+        v_ids := v_ids || coalesce(array_remove(p_held, NULL), '{}');
         v_more := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                           WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
                             AND g.ready_at <= v_now AND NOT g.head_id = ANY (v_ids))
@@ -855,11 +867,11 @@ $$;
 -- A grouped job that failed for good in a queue whose failure policy is
 -- 'hold' stays its group's head and holds it (see queue_group).
 --
--- Returns in how many microseconds the earliest work these jobs left is
--- ready: a group's next head (enqueues into an active group wake nobody), a
--- retry, a group advance_head could not yet declare idle. 0: ready now, and
--- the runner picks again for it; NULL: none. Nobody is woken for work that
--- becomes ready later: the runner looks again by then.
+-- Reports the work these jobs left that nobody is woken for: a group's next
+-- head (enqueues into an active group wake nobody), a retry, a group
+-- advance_head could not yet declare idle. ready_now: some is ready now (the
+-- runner picks again for it); ready_later_us: in how many microseconds the
+-- earliest of the rest is ready (NULL: none), when the runner looks again.
 CREATE FUNCTION pgfifo.complete(
     p_ids              bigint[],
     p_attempts         integer[],
@@ -868,8 +880,10 @@ CREATE FUNCTION pgfifo.complete(
     p_results          jsonb[],
     p_retry_delay_us   bigint[],
     p_queues           text[],
-    p_groups           text[]
-) RETURNS bigint
+    p_groups           text[],
+    OUT ready_now      boolean,
+    OUT ready_later_us bigint
+)
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_seqscan = off
@@ -883,7 +897,6 @@ DECLARE
     v_advanced integer;
     v_moved    bigint[];
     v_ready_in bigint;
-    v_next_in  bigint;
     v_id       bigint;
     v_queue    text;
     v_group    text;
@@ -899,6 +912,7 @@ BEGIN
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)';
     END IF;
+    ready_now := false;
     -- The common case: the group has a next job, which becomes the head (a
     -- HOT update when it is ready at once). Not for retries (the job stays
     -- the head) nor for failures that hold their group. For several jobs, in
@@ -924,8 +938,9 @@ BEGIN
                 ORDER BY j.id LIMIT 1) AS next
             WHERE g.queue = done.q AND g.group_id = done.grp
             RETURNING done.done_id, pgfifo.micros_until(next.run_after, v_now) AS ready_in)
-        SELECT array_agg(moved.done_id), min(moved.ready_in)
-        INTO v_moved, v_ready_in FROM moved;
+        SELECT array_agg(moved.done_id), coalesce(bool_or(moved.ready_in = 0), false),
+               min(moved.ready_in) FILTER (WHERE moved.ready_in > 0)
+        INTO v_moved, ready_now, ready_later_us FROM moved;
     END IF;
     FOR v_i IN 1 .. v_n LOOP
         v_id := p_ids[v_i];
@@ -934,7 +949,9 @@ BEGIN
         v_outcome := p_outcomes[v_i];
         -- A retry is work that nobody is woken for either.
         IF v_outcome = 'retry' THEN
-            v_ready_in := least(v_ready_in, greatest(coalesce(p_retry_delay_us[v_i], 0), 0));
+            v_ready_in := greatest(coalesce(p_retry_delay_us[v_i], 0), 0);
+            ready_now := ready_now OR coalesce(v_ready_in = 0, false);
+            ready_later_us := least(ready_later_us, nullif(v_ready_in, 0));
         END IF;
         CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
         IF v_outcome = 'retry' THEN
@@ -964,14 +981,15 @@ BEGIN
                     WHERE g.queue = v_queue AND g.group_id = v_group
                     RETURNING pgfifo.micros_until(next.run_after, v_now) AS ready_in)
                 SELECT count(*), min(moved.ready_in)
-                INTO v_advanced, v_next_in FROM moved;
-                v_ready_in := least(v_ready_in, v_next_in);
+                INTO v_advanced, v_ready_in FROM moved;
             END IF;
             -- No next job visible: advance_head decides whether the group is
             -- idle (it never waits; see there).
             IF v_advanced = 0 THEN
-                v_ready_in := least(v_ready_in, pgfifo.advance_head(v_queue, v_group, v_id));
+                v_ready_in := pgfifo.advance_head(v_queue, v_group, v_id);
             END IF;
+            ready_now := ready_now OR coalesce(v_ready_in = 0, false);
+            ready_later_us := least(ready_later_us, nullif(v_ready_in, 0));
         END IF;
     END LOOP;
     IF v_n = 1 THEN
@@ -1004,6 +1022,6 @@ BEGIN
         FROM unnest(p_ids, p_attempts, p_errors) AS t(id, attempt, error)
         WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt;
     END IF;
-    RETURN v_ready_in;
+    RETURN;
 END
 $$;

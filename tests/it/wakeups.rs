@@ -239,3 +239,39 @@ async fn a_retry_runs_when_its_delay_is_over_not_at_the_poll() {
     assert_eq!(db.attempts_of(&[grouped, ungrouped]).await, 4);
     runner.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_without_idle_lanes_hands_new_groups_to_another() {
+    let db = TestDb::new().await;
+    let tag = "wakeups_hand_over";
+    let config = |name: &str| {
+        test_config()
+            .name(name)
+            .queues([QUEUE])
+            .concurrency(1)
+            .prefetch(0)
+            .poll_interval(POLL)
+    };
+    let busy = db.start_runner(config("busy")).await;
+    let mut conn = db.conn().await;
+    let held = job(tag, true)
+        .enqueue(&mut conn, "held")
+        .await
+        .expect("enqueue");
+    gate(tag).wait_started(1).await;
+    let idle = db.start_runner(config("idle")).await;
+    // Both listeners hear of each new group; when the busy runner promotes
+    // it, it has no lane for it and must tell the idle one.
+    for i in 0..6 {
+        let id = job(tag, false)
+            .enqueue(&mut conn, &format!("new-{i}"))
+            .await
+            .expect("enqueue");
+        db.wait_jobs_in(&[id], "succeeded", PROMPT).await;
+    }
+    drop(conn);
+    gate(tag).release.add_permits(1);
+    db.wait_jobs_in(&[held], "succeeded", PROMPT).await;
+    idle.shutdown().await.expect("shutdown");
+    busy.shutdown().await.expect("shutdown");
+}

@@ -14,7 +14,8 @@ use super::{DATABASE, WARMUP};
 use crate::common::{self, round3};
 use crate::progress;
 
-/// The runner's pick (`db::sql::pick`), with no per-kind idle bounds.
+/// The runner's pick (`db::sql::pick`), with no per-kind idle bounds and no
+/// other lanes (`p_held` left to its default).
 const PICK: &str = "\
 SELECT id, queue, group_id, kind, payload, max_attempts, slot, more, pg_backend_pid() AS backend_pid
 FROM pgfifo.pick(ARRAY['bench'], $1, $2, ARRAY[]::text[], ARRAY[]::int[], 60000, 1)";

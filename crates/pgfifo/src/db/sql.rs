@@ -318,48 +318,62 @@ pub(crate) struct Completion<'a> {
 
 #[derive(QueryableByName)]
 struct ReadyRow {
+    #[diesel(sql_type = Bool)]
+    ready_now: bool,
     #[diesel(sql_type = Nullable<BigInt>)]
-    ready_in_us: Option<i64>,
+    ready_later_us: Option<i64>,
+}
+
+/// The work a pick's jobs left that nobody is woken for (a group's next job,
+/// a retry; see `pgfifo.complete`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LeftWork {
+    /// Some is ready now.
+    pub now: bool,
+    /// How soon the earliest of the rest is ready.
+    pub later: Option<Duration>,
 }
 
 /// Writes the outcomes of a pick's jobs in their transaction (which then
-/// commits), in one statement. Returns how soon the earliest work they left
-/// is ready (a group's next job, a retry), which nobody is woken for: zero
-/// when it is ready now, `None` when they left none (see `pgfifo.complete`).
+/// commits), in one statement, and reports the work they left.
 ///
 /// Takes a shared reference so it can be pipelined behind a simple query.
 pub(crate) async fn complete(
     mut conn: &AsyncPgConnection,
     done: &[Completion<'_>],
-) -> diesel::QueryResult<Option<Duration>> {
-    let rows: Vec<ReadyRow> = Prepared(
-        diesel::sql_query("SELECT pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8) AS ready_in_us")
-            .bind::<Array<BigInt>, _>(done.iter().map(|d| d.job.id).collect::<Vec<_>>())
-            .bind::<Array<Integer>, _>(done.iter().map(|d| d.attempt).collect::<Vec<_>>())
-            .bind::<Array<Text>, _>(done.iter().map(|d| d.outcome.as_sql()).collect::<Vec<_>>())
-            .bind::<Array<Nullable<Text>>, _>(done.iter().map(|d| d.error).collect::<Vec<_>>())
-            .bind::<Array<Nullable<Jsonb>>, _>(done.iter().map(|d| d.result).collect::<Vec<_>>())
-            .bind::<Array<Nullable<BigInt>>, _>(
-                done.iter().map(|d| d.retry_delay_us).collect::<Vec<_>>(),
-            )
-            .bind::<Array<Text>, _>(
-                done.iter()
-                    .map(|d| d.job.queue.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind::<Array<Nullable<Text>>, _>(
-                done.iter()
-                    .map(|d| d.job.group_id.as_deref())
-                    .collect::<Vec<_>>(),
-            ),
+) -> diesel::QueryResult<LeftWork> {
+    let row: ReadyRow = Prepared(
+        diesel::sql_query(
+            "SELECT ready_now, ready_later_us \
+             FROM pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind::<Array<BigInt>, _>(done.iter().map(|d| d.job.id).collect::<Vec<_>>())
+        .bind::<Array<Integer>, _>(done.iter().map(|d| d.attempt).collect::<Vec<_>>())
+        .bind::<Array<Text>, _>(done.iter().map(|d| d.outcome.as_sql()).collect::<Vec<_>>())
+        .bind::<Array<Nullable<Text>>, _>(done.iter().map(|d| d.error).collect::<Vec<_>>())
+        .bind::<Array<Nullable<Jsonb>>, _>(done.iter().map(|d| d.result).collect::<Vec<_>>())
+        .bind::<Array<Nullable<BigInt>>, _>(
+            done.iter().map(|d| d.retry_delay_us).collect::<Vec<_>>(),
+        )
+        .bind::<Array<Text>, _>(
+            done.iter()
+                .map(|d| d.job.queue.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Nullable<Text>>, _>(
+            done.iter()
+                .map(|d| d.job.group_id.as_deref())
+                .collect::<Vec<_>>(),
+        ),
     )
-    .load(&mut conn)
+    .get_result(&mut conn)
     .await?;
-    Ok(rows
-        .iter()
-        .filter_map(|row| row.ready_in_us)
-        .min()
-        .map(|us| Duration::from_micros(us.max(0) as u64)))
+    Ok(LeftWork {
+        now: row.ready_now,
+        later: row
+            .ready_later_us
+            .map(|us| Duration::from_micros(us.max(0) as u64)),
+    })
 }
 
 #[derive(QueryableByName)]
@@ -384,6 +398,30 @@ pub(crate) async fn promote(
     .get_result(conn)
     .await?;
     Ok(row.n)
+}
+
+/// The backend process id of this connection (the sender's id in the
+/// notifications it sends).
+pub(crate) async fn backend_pid(conn: &mut AsyncPgConnection) -> diesel::QueryResult<i32> {
+    let row: CountRow = diesel::sql_query("SELECT pg_backend_pid() AS n")
+        .get_result(conn)
+        .await?;
+    Ok(row.n)
+}
+
+/// Tells other runners of `queues` that work is ready there (autocommit: sent
+/// at once), on [`CHANNEL`].
+pub(crate) async fn announce(
+    conn: &mut AsyncPgConnection,
+    queues: &[String],
+) -> diesel::QueryResult<()> {
+    Prepared(
+        diesel::sql_query("SELECT pg_notify('pgfifo', q) FROM unnest($1::text[]) AS q")
+            .bind::<Array<Text>, _>(queues),
+    )
+    .execute(conn)
+    .await
+    .map(drop)
 }
 
 /// Subscribes this connection to both wake-up channels.

@@ -43,8 +43,9 @@ pub struct RunnerConfig {
     pub prefetch: Option<usize>,
     /// How often an idle runner looks for work when no notification arrives
     /// (default 1 s). Notifications make new jobs start within milliseconds,
-    /// and a runner looks again when a retry it wrote is due; polling catches
-    /// delayed jobs whose time has come, other runners' retries and lost
+    /// and the lane that wrote a retry (or advanced a group to a delayed job)
+    /// looks again when it is due, if it is idle then; polling catches the
+    /// rest: delayed jobs of idle groups, retries whose lane was busy, lost
     /// notifications.
     pub poll_interval: Duration,
     /// The timeout of jobs whose type sets none (default 5 minutes).

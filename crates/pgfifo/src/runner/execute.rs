@@ -77,12 +77,12 @@ impl Finished {
         }
     }
 
-    /// The outcomes are written; `ready_in` is what `sql::complete` said.
-    fn written(done: Vec<Done>, ready_in: Option<Duration>) -> Self {
+    /// The outcomes are written, and they left `left`.
+    fn written(done: Vec<Done>, left: sql::LeftWork) -> Self {
         Finished {
             done,
-            again: ready_in.is_some_and(|d| d.is_zero()),
-            soon: ready_in.filter(|d| !d.is_zero()),
+            again: left.now,
+            soon: left.later,
         }
     }
 }
@@ -450,7 +450,7 @@ async fn write(
         sql::complete(conn, &completions).await
     };
     let err = match written {
-        Ok(ready_in) => return Ok(Finished::written(done, ready_in)),
+        Ok(left) => return Ok(Finished::written(done, left)),
         Err(err) if is_connection_error(&err) => return Err(err.into()),
         Err(err) => err,
     };
@@ -471,7 +471,7 @@ async fn write(
         done.push(failed);
         let completions: Vec<Completion<'_>> = done.iter().map(Done::completion).collect();
         match sql::complete(conn, &completions).await {
-            Ok(ready_in) => return Ok(Finished::written(done, ready_in)),
+            Ok(left) => return Ok(Finished::written(done, left)),
             Err(err) if is_connection_error(&err) => return Err(err.into()),
             Err(err) => return refused(shared, conn, done, &err, backend_pid, batching).await,
         }

@@ -7,6 +7,7 @@
 //! checked every poll interval and replaced when it fails.
 
 use std::pin::pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
@@ -53,9 +54,10 @@ enum Interrupt {
 }
 
 /// Whether a notification concerns this runner: `Some(true)` on the channel
-/// that always wakes a lane, `Some(false)` on the woken-groups one.
-fn relevant(shared: &Shared, note: &diesel::pg::PgNotification) -> Option<bool> {
-    if !shared.queues.contains(&note.payload) {
+/// that always wakes a lane, `Some(false)` on the woken-groups one. Its own
+/// (`own_pid`, see [`hand_over`]) do not.
+fn relevant(shared: &Shared, note: &diesel::pg::PgNotification, own_pid: i32) -> Option<bool> {
+    if note.process_id == own_pid || !shared.queues.contains(&note.payload) {
         return None;
     }
     match note.channel.as_str() {
@@ -85,6 +87,7 @@ async fn listen_on(
     conn.batch_execute(sql::LISTEN)
         .await
         .map_err(|e| e.to_string())?;
+    let own_pid = sql::backend_pid(conn).await.map_err(|e| e.to_string())?;
     tracing::debug!("pgfifo: listening for new jobs");
     // Work enqueued while no runner listened. Workers that looked for work
     // meanwhile may have found the wake rows taken by this promote (they are
@@ -99,14 +102,14 @@ async fn listen_on(
                 tokio::select! {
                     item = stream.next() => match item {
                         Some(Ok(note)) => {
-                            if let Some(mut work) = relevant(shared, &note) {
+                            if let Some(mut work) = relevant(shared, &note, own_pid) {
                                 // One promote for every notification that
                                 // has arrived already: they are of commits
                                 // it will see.
                                 while let Some(item) = stream.next().now_or_never() {
                                     match item {
                                         Some(Ok(note)) => {
-                                            work |= relevant(shared, &note) == Some(true);
+                                            work |= relevant(shared, &note, own_pid) == Some(true);
                                         }
                                         Some(Err(err)) => return Err(err.to_string()),
                                         None => return Err("notification stream ended".into()),
@@ -140,6 +143,7 @@ async fn listen_on(
             // operator's release) wake one lane at least.
             Interrupt::Notified { work } => {
                 let promoted = promote_all(shared, conn).await?;
+                hand_over(shared, conn, promoted).await?;
                 if promoted > 0 || work {
                     shared.wake_lanes(promoted as usize);
                 }
@@ -147,12 +151,30 @@ async fn listen_on(
             // The poll: also proves the connection is alive.
             Interrupt::Tick => {
                 let promoted = promote_all(shared, conn).await?;
+                hand_over(shared, conn, promoted).await?;
                 if promoted > 0 {
                     shared.wake_lanes(promoted as usize);
                 }
             }
         }
     }
+}
+
+/// When this runner promoted more groups than it has idle lanes, tells the
+/// other runners: they were woken too, but found the groups promoted and
+/// woke nobody, and their idle lanes would otherwise wait for the poll.
+/// (Its own listener ignores what it sends.)
+async fn hand_over(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    promoted: i32,
+) -> Result<(), String> {
+    if promoted > 0 && shared.idle_lanes.load(Ordering::SeqCst) < promoted as usize {
+        sql::announce(conn, &shared.queues)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Promotes woken groups until no wake rows are left; returns how many wake

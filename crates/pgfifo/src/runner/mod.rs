@@ -6,8 +6,9 @@
 //!   transaction and its pooled connection at a time;
 //! * the bookkeeper (`bookkeeper`), which records attempt starts on its own
 //!   connection, outside the jobs' transactions;
-//! * the listener (`listener`), which wakes idle workers on `NOTIFY pgfifo`,
-//!   with polling every [`RunnerConfig::poll_interval`] as the fallback;
+//! * the listener (`listener`), which promotes woken groups and wakes idle
+//!   workers on the notifications of `pgfifo` and `pgfifo_groups`, with
+//!   polling every [`RunnerConfig::poll_interval`] as the fallback;
 //! * the periodic tasks (`maintenance`): the heartbeat row in `pgfifo.runner`,
 //!   the sampled gauges of [`metrics`], and [`Retention`] when configured.
 //!
@@ -136,9 +137,9 @@ pub(crate) struct Shared {
     pub handler_us: AtomicU64,
     /// Lanes waiting for a wake-up or the poll (see `Shared::groups_scarce`).
     pub idle_lanes: AtomicUsize,
-    /// Counts wake-ups sent (`wake_one`, `wake_all`): a lane that ran a batch
-    /// without being registered for them compares it before it waits (see
-    /// the worker).
+    /// Counts the wake-ups that no waiting lane may take (see `wake_lanes`),
+    /// and every `wake_all`: a lane that ran a batch without being registered
+    /// for them compares it before it waits (see the worker).
     pub wakes: AtomicU64,
     /// Per lane, the jobs of its batch whose outcomes have not committed yet
     /// (their groups are locked by it): a pick does not count them as work

@@ -30,6 +30,10 @@ use crate::db::PooledConnection;
 /// How often a resting prefetch lane looks whether handlers got longer.
 const REST: Duration = Duration::from_millis(100);
 
+/// How soon a group that `pgfifo.pick` could not declare idle (an enqueue
+/// into it was in flight) is ready again: `advance_head`'s 50 ms.
+const PARKED: Duration = Duration::from_millis(50);
+
 /// A lane's registration for wake-ups (`Shared::wake`).
 type Registration<'a> = Pin<Box<Notified<'a>>>;
 
@@ -70,9 +74,17 @@ impl Lane {
 
     /// Called as a pick starts: work ready by now is work this pick sees.
     fn looking(&mut self) {
-        if self.look_by.is_some_and(|by| by <= Instant::now()) {
+        self.due();
+    }
+
+    /// Whether the work this lane's jobs left is ready by now (forgotten
+    /// then: whoever looks next sees it).
+    fn due(&mut self) -> bool {
+        let due = self.look_by.is_some_and(|by| by <= Instant::now());
+        if due {
             self.look_by = None;
         }
+        due
     }
 }
 
@@ -88,10 +100,16 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
     // Lanes beyond `concurrency` take jobs ahead of a free slot, which only
     // pays while handlers are long enough (see `Shared::prefetch_rests`).
     let prefetch_lane = slot >= shared.config.concurrency;
+    // Whether this lane's last wait ended with a wake-up.
+    let mut woken = false;
     'slot: while !shared.stop.is_cancelled() {
         if prefetch_lane && shared.prefetch_rests() {
             // Resting lanes do not wait for wake-ups: they would take them
-            // from the lanes that work.
+            // from the lanes that work. A wake-up this lane took, and work
+            // its jobs left that is now due, go to a lane that works.
+            if std::mem::take(&mut woken) | lane.due() {
+                shared.wake_one();
+            }
             tokio::select! {
                 () = tokio::time::sleep(REST) => {}
                 () = shared.stop.cancelled() => {}
@@ -110,12 +128,15 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         // while there is work. A finished job's outcome is written but its
         // COMMIT travels with the next pick (`pending`).
         let mut pending: Vec<Done> = Vec::new();
+        // Whether the last pick asked to look again at once.
+        let mut follow_up = false;
         loop {
             if registration.is_none() {
                 registration = Some(register(&shared));
             }
             lane.turn = lane.turn.wrapping_add(1);
-            let step = if shared.stop.is_cancelled() || (prefetch_lane && shared.prefetch_rests()) {
+            let resting = shared.stop.is_cancelled() || (prefetch_lane && shared.prefetch_rests());
+            let step = if resting {
                 commit_pending(&shared, &mut conn, &mut pending, slot)
                     .await
                     .map(|()| false)
@@ -130,8 +151,14 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
                 .await
             };
             match step {
-                Ok(true) => failures = 0,
-                Ok(false) => break,
+                Ok(true) => {
+                    failures = 0;
+                    follow_up = true;
+                }
+                Ok(false) => {
+                    follow_up &= resting;
+                    break;
+                }
                 Err(ConnectionLost(err)) => {
                     shared.hold(slot, []);
                     failures += 1;
@@ -148,8 +175,9 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         drop(conn);
         if prefetch_lane && shared.prefetch_rests() && !shared.stop.is_cancelled() {
             // Rest (above) without taking a wake-up meant for a working lane;
-            // one this lane's registration took already goes on to the next.
-            if registration.is_some_and(|notified| notified.now_or_never().is_some()) {
+            // one this lane's registration took already goes on to the next,
+            // and so does the work its last pick asked to look again for.
+            if registration.is_some_and(|notified| notified.now_or_never().is_some()) || follow_up {
                 shared.wake_one();
             }
             continue;
@@ -157,11 +185,11 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         let notified = registration.unwrap_or_else(|| register(&shared));
         let poll = lane.wait(jittered(shared.config.poll_interval));
         shared.idle_lanes.fetch_add(1, Ordering::SeqCst);
-        tokio::select! {
-            () = notified => {}
-            () = tokio::time::sleep(poll) => {}
-            () = shared.stop.cancelled() => {}
-        }
+        woken = tokio::select! {
+            () = notified => true,
+            () = tokio::time::sleep(poll) => false,
+            () = shared.stop.cancelled() => false,
+        };
         shared.idle_lanes.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -289,6 +317,9 @@ async fn run_pick<'s>(
             (jobs, more)
         }
         Ok(Picked::Retry(slot)) => {
+            // The group may have been left active for an enqueue in flight
+            // (see `pgfifo.advance_head`): nobody is woken when it is ready.
+            lane.look_in(PARKED);
             // A group changed under the pick: release it and look again.
             if let Some(slot) = slot {
                 lane.cursor = slot.wrapping_add(1);
