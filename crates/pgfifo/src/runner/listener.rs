@@ -143,38 +143,43 @@ async fn listen_on(
             // operator's release) wake one lane at least.
             Interrupt::Notified { work } => {
                 let promoted = promote_all(shared, conn).await?;
-                hand_over(shared, conn, promoted).await?;
+                let short = lanes_short(shared, promoted);
                 if promoted > 0 || work {
                     shared.wake_lanes(promoted as usize);
+                }
+                if short {
+                    hand_over(shared, conn).await?;
                 }
             }
             // The poll: also proves the connection is alive.
             Interrupt::Tick => {
                 let promoted = promote_all(shared, conn).await?;
-                hand_over(shared, conn, promoted).await?;
+                let short = lanes_short(shared, promoted);
                 if promoted > 0 {
                     shared.wake_lanes(promoted as usize);
+                }
+                if short {
+                    hand_over(shared, conn).await?;
                 }
             }
         }
     }
 }
 
-/// When this runner promoted more groups than it has idle lanes, tells the
-/// other runners: they were woken too, but found the groups promoted and
-/// woke nobody, and their idle lanes would otherwise wait for the poll.
-/// (Its own listener ignores what it sends.)
-async fn hand_over(
-    shared: &Shared,
-    conn: &mut AsyncPgConnection,
-    promoted: i32,
-) -> Result<(), String> {
-    if promoted > 0 && shared.idle_lanes.load(Ordering::SeqCst) < promoted as usize {
-        sql::announce(conn, &shared.queues)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
+/// Whether this runner promoted more groups than it has idle lanes (read
+/// before it wakes them).
+fn lanes_short(shared: &Shared, promoted: i32) -> bool {
+    promoted > 0 && shared.idle_lanes.load(Ordering::SeqCst) < promoted as usize
+}
+
+/// Tells the other runners that this one promoted more groups than it had
+/// idle lanes for: they were woken too, but found the groups promoted and
+/// woke nobody, and their idle lanes would otherwise wait for the poll. Sent
+/// after this runner's own lanes are woken. (Its own listener ignores it.)
+async fn hand_over(shared: &Shared, conn: &mut AsyncPgConnection) -> Result<(), String> {
+    sql::announce(conn, &shared.queues)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Promotes woken groups until no wake rows are left; returns how many wake

@@ -51,25 +51,40 @@ struct Lane {
     cursor: i32,
     batching: Batching,
     /// When work that this lane's jobs left becomes ready by itself (a
-    /// retry's delay, a group's delayed next head): the lane waits for a
-    /// wake-up no longer than that.
-    look_by: Option<Instant>,
+    /// retry's delay, a group's delayed next head), within a poll interval:
+    /// the lane waits for a wake-up no longer than the earliest. Each is
+    /// kept until a pick starts after it, so that one due earlier does not
+    /// hide the others.
+    look_at: Vec<Instant>,
+    /// The runner's poll interval: work ready later is the poll's.
+    poll: Duration,
 }
+
+/// At most this many due times are kept per lane; beyond, the latest are
+/// left to the poll.
+const LOOKS: usize = 32;
 
 impl Lane {
     /// Notes work of this lane's jobs that is ready in `soon`.
     fn look_in(&mut self, soon: Duration) {
-        let at = Instant::now() + soon;
-        self.look_by = Some(self.look_by.map_or(at, |by| by.min(at)));
+        if soon >= self.poll {
+            return;
+        }
+        self.look_at.push(Instant::now() + soon);
+        if self.look_at.len() > LOOKS {
+            self.look_at.sort_unstable();
+            self.look_at.truncate(LOOKS);
+        }
     }
 
     /// How long to wait for a wake-up: the poll, or less when work of this
     /// lane's jobs is ready sooner (nothing when it is ready already).
     fn wait(&self, poll: Duration) -> Duration {
-        match self.look_by {
-            Some(by) => by.saturating_duration_since(Instant::now()).min(poll),
-            None => poll,
-        }
+        let now = Instant::now();
+        self.look_at
+            .iter()
+            .map(|at| at.saturating_duration_since(now))
+            .fold(poll, Duration::min)
     }
 
     /// Called as a pick starts: work ready by now is work this pick sees.
@@ -77,14 +92,13 @@ impl Lane {
         self.due();
     }
 
-    /// Whether the work this lane's jobs left is ready by now (forgotten
+    /// Whether some work of this lane's jobs is ready by now (forgotten
     /// then: whoever looks next sees it).
     fn due(&mut self) -> bool {
-        let due = self.look_by.is_some_and(|by| by <= Instant::now());
-        if due {
-            self.look_by = None;
-        }
-        due
+        let now = Instant::now();
+        let before = self.look_at.len();
+        self.look_at.retain(|at| *at > now);
+        self.look_at.len() < before
     }
 }
 
@@ -94,7 +108,8 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         turn: slot as i32,
         cursor: random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32,
         batching: Batching::new(shared.config.max_batch, shared.config.batch_window),
-        look_by: None,
+        look_at: Vec::new(),
+        poll: shared.config.poll_interval,
     };
     let mut failures = 0u32;
     // Lanes beyond `concurrency` take jobs ahead of a free slot, which only
