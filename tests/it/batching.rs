@@ -420,24 +420,35 @@ async fn lanes_that_all_have_work_batch_jobs_of_a_few_ms() {
     assert_eq!(db.attempts_of(&ids).await, ids.len() as i64);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pick_never_returns_a_job_twice() {
-    let db = TestDb::new().await;
-    let jobs = (0..3)
+/// Enqueues `n` no-op jobs, one per group, and makes the groups active.
+async fn ready_groups(db: &TestDb, n: usize) -> Vec<JobId> {
+    let jobs = (0..n)
         .map(|_| BatchFreeJob { fail: false, ms: 0 })
         .collect();
-    let ids = enqueue_one_per_group(&db, jobs).await;
+    let ids = enqueue_one_per_group(db, jobs).await;
     db.scalar(&format!("SELECT pgfifo.promote(ARRAY['{QUEUE}'], 100)"))
         .await;
-    // The queue named twice: its second visit meets the groups and jobs this
-    // transaction already locked, which PostgreSQL grants it again.
-    let mut conn = db.direct().await;
+    ids
+}
+
+/// Opens a transaction `pgfifo.pick` accepts, as the runner does.
+async fn begin_job_transaction(conn: &mut diesel_async::AsyncPgConnection) {
     diesel_async::SimpleAsyncConnection::batch_execute(
-        &mut conn,
+        conn,
         "BEGIN; SET LOCAL pgfifo.job_transaction = on",
     )
     .await
     .expect("begin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_never_returns_a_job_twice() {
+    let db = TestDb::new().await;
+    let ids = ready_groups(&db, 3).await;
+    // The queue named twice: its second visit meets the groups and jobs this
+    // transaction already locked, which PostgreSQL grants it again.
+    let mut conn = db.direct().await;
+    begin_job_transaction(&mut conn).await;
     #[derive(QueryableByName)]
     struct Picked {
         #[diesel(sql_type = BigInt)]
@@ -459,12 +470,7 @@ async fn a_pick_never_returns_a_job_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_the_other_lanes_hold_are_not_work_left() {
     let db = TestDb::new().await;
-    let jobs = (0..2)
-        .map(|_| BatchFreeJob { fail: false, ms: 0 })
-        .collect();
-    let ids = enqueue_one_per_group(&db, jobs).await;
-    db.scalar(&format!("SELECT pgfifo.promote(ARRAY['{QUEUE}'], 100)"))
-        .await;
+    let ids = ready_groups(&db, 2).await;
     #[derive(QueryableByName)]
     struct Picked {
         #[diesel(sql_type = BigInt)]
@@ -476,12 +482,7 @@ async fn jobs_the_other_lanes_hold_are_not_work_left() {
     // One job per pick, from the same place of the sweep each time; `held`
     // is what the runner's other lanes hold.
     let mut pick = async |held: &[i64]| -> Picked {
-        diesel_async::SimpleAsyncConnection::batch_execute(
-            &mut conn,
-            "BEGIN; SET LOCAL pgfifo.job_transaction = on",
-        )
-        .await
-        .expect("begin");
+        begin_job_transaction(&mut conn).await;
         let picked: Picked = diesel::sql_query(format!(
             "SELECT id, more FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 1, $1)"
         ))

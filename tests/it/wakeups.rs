@@ -3,12 +3,15 @@
 //! after a batch, a lane picks again at once if a group it ran has its next
 //! job ready (an enqueue into an active group wakes nobody), if its pick left
 //! other work, or if a wake-up came that no waiting lane could take, and
-//! otherwise waits for a wake-up, or until a retry it wrote is due. The poll interval here is far longer than
-//! the tests' limits, so a job that waited for it fails them.
+//! otherwise waits for a wake-up, or until a retry it wrote is due. The poll
+//! interval here is far longer than the tests' limits, so a job that waited
+//! for it fails them.
 
 use std::time::Duration;
 
-use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
+use pgfifo::{
+    async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, JobId, NewJob, RunnerConfig,
+};
 use pgfifo_tests::{eventually, test_config, TestDb};
 use serde::{Deserialize, Serialize};
 
@@ -45,30 +48,35 @@ fn job(tag: &str, hold: bool) -> WakeupsJob {
     }
 }
 
+/// A runner of `concurrency` lanes that polls only after [`POLL`].
+fn config(concurrency: usize) -> RunnerConfig {
+    test_config()
+        .queues([QUEUE])
+        .concurrency(concurrency)
+        .poll_interval(POLL)
+}
+
+/// Enqueues one job that does not wait into each of `groups`, in one batch.
+async fn enqueue_batch(db: &TestDb, tag: &str, groups: &[String]) -> Vec<JobId> {
+    let batch: Vec<NewJob> = groups
+        .iter()
+        .map(|group| NewJob::new(&job(tag, false), EnqueueOptions::group(group)).expect("new job"))
+        .collect();
+    let mut conn = db.conn().await;
+    pgfifo::enqueue_batch(&mut conn, batch)
+        .await
+        .expect("enqueue")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_enqueued_behind_a_running_one_starts_when_it_ends() {
     let db = TestDb::new().await;
     let tag = "wakeups_behind";
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(2)
-                .poll_interval(POLL),
-        )
-        .await;
-    let mut conn = db.conn().await;
-    let first = job(tag, true)
-        .enqueue(&mut conn, "g")
-        .await
-        .expect("enqueue");
+    let runner = db.start_runner(config(2)).await;
+    let first = db.enqueue(job(tag, true), "g").await;
     gate(tag).wait_started(1).await;
     // The group is active: this enqueue sends no wake-up.
-    let second = job(tag, false)
-        .enqueue(&mut conn, "g")
-        .await
-        .expect("enqueue");
-    drop(conn);
+    let second = db.enqueue(job(tag, false), "g").await;
     gate(tag).release.add_permits(1);
     db.wait_jobs_in(&[first, second], "succeeded", PROMPT).await;
     runner.shutdown().await.expect("shutdown");
@@ -80,30 +88,9 @@ async fn jobs_a_full_pick_left_behind_start_without_a_wake_up() {
     // One lane taking one job per pick: every pick is full, and the groups
     // it leaves ready get no wake-up of their own (one notification for the
     // whole enqueue, which the first pick answers).
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(1)
-                .prefetch(0)
-                .max_batch(1)
-                .poll_interval(POLL),
-        )
-        .await;
-    let mut conn = db.conn().await;
-    let batch: Vec<NewJob> = (0..5)
-        .map(|i| {
-            NewJob::new(
-                &job("wakeups_full", false),
-                EnqueueOptions::group(format!("f{i}")),
-            )
-            .expect("new job")
-        })
-        .collect();
-    let ids = pgfifo::enqueue_batch(&mut conn, batch)
-        .await
-        .expect("enqueue");
-    drop(conn);
+    let runner = db.start_runner(config(1).prefetch(0).max_batch(1)).await;
+    let groups: Vec<String> = (0..5).map(|i| format!("f{i}")).collect();
+    let ids = enqueue_batch(&db, "wakeups_full", &groups).await;
     db.wait_jobs_in(&ids, "succeeded", PROMPT).await;
     runner.shutdown().await.expect("shutdown");
 }
@@ -111,32 +98,14 @@ async fn jobs_a_full_pick_left_behind_start_without_a_wake_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_of_idle_groups_and_ungrouped_jobs_start_on_their_notification() {
     let db = TestDb::new().await;
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(2)
-                .poll_interval(POLL),
-        )
-        .await;
-    let mut conn = db.conn().await;
+    let runner = db.start_runner(config(2)).await;
     // One job (the one-row path of pgfifo.enqueue), then a batch.
-    let single = job("wakeups_idle", false)
-        .enqueue(&mut conn, "idle-1")
-        .await
-        .expect("enqueue");
+    let single = db.enqueue(job("wakeups_idle", false), "idle-1").await;
     db.wait_jobs_in(&[single], "succeeded", PROMPT).await;
-    let batch: Vec<NewJob> = ["idle-2", "idle-3"]
-        .iter()
-        .map(|group| {
-            NewJob::new(&job("wakeups_idle", false), EnqueueOptions::group(*group))
-                .expect("new job")
-        })
-        .collect();
-    let ids = pgfifo::enqueue_batch(&mut conn, batch)
-        .await
-        .expect("enqueue");
+    let groups = ["idle-2".to_owned(), "idle-3".to_owned()];
+    let ids = enqueue_batch(&db, "wakeups_idle", &groups).await;
     db.wait_jobs_in(&ids, "succeeded", PROMPT).await;
+    let mut conn = db.conn().await;
     let ungrouped = job("wakeups_idle", false)
         .enqueue_with(&mut conn, EnqueueOptions::ungrouped())
         .await
@@ -150,27 +119,12 @@ async fn jobs_of_idle_groups_and_ungrouped_jobs_start_on_their_notification() {
 async fn a_group_woken_while_every_lane_is_busy_starts_after_the_batch() {
     let db = TestDb::new().await;
     let tag = "wakeups_busy";
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(1)
-                .prefetch(0)
-                .poll_interval(POLL),
-        )
-        .await;
-    let mut conn = db.conn().await;
-    let first = job(tag, true)
-        .enqueue(&mut conn, "busy")
-        .await
-        .expect("enqueue");
+    let runner = db.start_runner(config(1).prefetch(0)).await;
+    let first = db.enqueue(job(tag, true), "busy").await;
     gate(tag).wait_started(1).await;
     // Another group: promoted by the listener while the only lane runs the
     // first job, so its wake-up finds no lane waiting.
-    let second = job(tag, false)
-        .enqueue(&mut conn, "other")
-        .await
-        .expect("enqueue");
+    let second = db.enqueue(job(tag, false), "other").await;
     eventually("the second group is promoted", PROMPT, || async {
         let active = db
             .scalar(&format!(
@@ -185,7 +139,6 @@ async fn a_group_woken_while_every_lane_is_busy_starts_after_the_batch() {
         }
     })
     .await;
-    drop(conn);
     gate(tag).release.add_permits(1);
     db.wait_jobs_in(&[first, second], "succeeded", PROMPT).await;
     runner.shutdown().await.expect("shutdown");
@@ -214,21 +167,11 @@ impl Handler for RetriesOnce {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_runs_when_its_delay_is_over_not_at_the_poll() {
     let db = TestDb::new().await;
-    let runner = db
-        .start_runner(
-            test_config()
-                .queues([QUEUE])
-                .concurrency(2)
-                .poll_interval(POLL),
-        )
-        .await;
-    let mut conn = db.conn().await;
+    let runner = db.start_runner(config(2)).await;
     // Grouped (the group waits for the retry) and ungrouped, each retried
     // once 300 ms after its first attempt.
-    let grouped = RetriesOnce { delay_ms: 300 }
-        .enqueue(&mut conn, "retried")
-        .await
-        .expect("enqueue");
+    let grouped = db.enqueue(RetriesOnce { delay_ms: 300 }, "retried").await;
+    let mut conn = db.conn().await;
     let ungrouped = RetriesOnce { delay_ms: 300 }
         .enqueue_with(&mut conn, EnqueueOptions::ungrouped())
         .await
@@ -244,32 +187,16 @@ async fn a_retry_runs_when_its_delay_is_over_not_at_the_poll() {
 async fn a_runner_without_idle_lanes_hands_new_groups_to_another() {
     let db = TestDb::new().await;
     let tag = "wakeups_hand_over";
-    let config = |name: &str| {
-        test_config()
-            .name(name)
-            .queues([QUEUE])
-            .concurrency(1)
-            .prefetch(0)
-            .poll_interval(POLL)
-    };
-    let busy = db.start_runner(config("busy")).await;
-    let mut conn = db.conn().await;
-    let held = job(tag, true)
-        .enqueue(&mut conn, "held")
-        .await
-        .expect("enqueue");
+    let busy = db.start_runner(config(1).prefetch(0).name("busy")).await;
+    let held = db.enqueue(job(tag, true), "held").await;
     gate(tag).wait_started(1).await;
-    let idle = db.start_runner(config("idle")).await;
+    let idle = db.start_runner(config(1).prefetch(0).name("idle")).await;
     // Both listeners hear of each new group; when the busy runner promotes
     // it, it has no lane for it and must tell the idle one.
     for i in 0..6 {
-        let id = job(tag, false)
-            .enqueue(&mut conn, &format!("new-{i}"))
-            .await
-            .expect("enqueue");
+        let id = db.enqueue(job(tag, false), &format!("new-{i}")).await;
         db.wait_jobs_in(&[id], "succeeded", PROMPT).await;
     }
-    drop(conn);
     gate(tag).release.add_permits(1);
     db.wait_jobs_in(&[held], "succeeded", PROMPT).await;
     idle.shutdown().await.expect("shutdown");

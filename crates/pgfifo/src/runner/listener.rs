@@ -55,7 +55,7 @@ enum Interrupt {
 
 /// Whether a notification concerns this runner: `Some(true)` on the channel
 /// that always wakes a lane, `Some(false)` on the woken-groups one. Its own
-/// (`own_pid`, see [`hand_over`]) do not.
+/// (`own_pid`, see `promote_and_wake`) do not.
 fn relevant(shared: &Shared, note: &diesel::pg::PgNotification, own_pid: i32) -> Option<bool> {
     if note.process_id == own_pid || !shared.queues.contains(&note.payload) {
         return None;
@@ -134,52 +134,40 @@ async fn listen_on(
                     .await
                     .map_err(|e| e.to_string());
             }
-            // A notification: new groups first, then the workers, one lane
-            // per group promoted. Woken groups that this promote found
-            // nothing to do for were promoted by someone else (who woke
-            // lanes for them) or are running (their lane finds the new job
-            // when it advances the group): waking a lane for them only sent
-            // it to find nothing. Other notifications (an ungrouped job, an
-            // operator's release) wake one lane at least.
-            Interrupt::Notified { work } => {
-                let promoted = promote_all(shared, conn).await?;
-                let short = lanes_short(shared, promoted);
-                if promoted > 0 || work {
-                    shared.wake_lanes(promoted as usize);
-                }
-                if short {
-                    hand_over(shared, conn).await?;
-                }
-            }
+            Interrupt::Notified { work } => promote_and_wake(shared, conn, work).await?,
             // The poll: also proves the connection is alive.
-            Interrupt::Tick => {
-                let promoted = promote_all(shared, conn).await?;
-                let short = lanes_short(shared, promoted);
-                if promoted > 0 {
-                    shared.wake_lanes(promoted as usize);
-                }
-                if short {
-                    hand_over(shared, conn).await?;
-                }
-            }
+            Interrupt::Tick => promote_and_wake(shared, conn, false).await?,
         }
     }
 }
 
-/// Whether this runner promoted more groups than it has idle lanes (read
-/// before it wakes them).
-fn lanes_short(shared: &Shared, promoted: i32) -> bool {
-    promoted > 0 && shared.idle_lanes.load(Ordering::SeqCst) < promoted as usize
-}
-
-/// Tells the other runners that this one promoted more groups than it had
-/// idle lanes for: they were woken too, but found the groups promoted and
-/// woke nobody, and their idle lanes would otherwise wait for the poll. Sent
-/// after this runner's own lanes are woken. (Its own listener ignores it.)
-async fn hand_over(shared: &Shared, conn: &mut AsyncPgConnection) -> Result<(), String> {
-    sql::announce(conn, &shared.queues)
-        .await
-        .map_err(|e| e.to_string())
+/// New groups first, then the workers, one lane per group promoted. Woken
+/// groups that this promote found nothing to do for were promoted by someone
+/// else (who woke lanes for them) or are running (their lane finds the new
+/// job when it advances the group): waking a lane for them only sent it to
+/// find nothing. `work` (an ungrouped job, an operator's release) wakes one
+/// lane at least.
+///
+/// A runner that promoted more groups than it had idle lanes for tells the
+/// other runners, after waking its own lanes: they were woken too, but found
+/// the groups promoted and woke nobody, and their idle lanes would otherwise
+/// wait for the poll. (Its own listener ignores what it sends.)
+async fn promote_and_wake(
+    shared: &Shared,
+    conn: &mut AsyncPgConnection,
+    work: bool,
+) -> Result<(), String> {
+    let promoted = promote_all(shared, conn).await?;
+    let short = promoted > 0 && shared.idle_lanes.load(Ordering::SeqCst) < promoted as usize;
+    if promoted > 0 || work {
+        shared.wake_lanes(promoted as usize);
+    }
+    if short {
+        sql::announce(conn, &shared.queues)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Promotes woken groups until no wake rows are left; returns how many wake

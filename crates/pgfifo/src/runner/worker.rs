@@ -56,8 +56,6 @@ struct Lane {
     /// kept until a pick starts after it, so that one due earlier does not
     /// hide the others.
     look_at: Vec<Instant>,
-    /// The runner's poll interval: work ready later is the poll's.
-    poll: Duration,
 }
 
 /// At most this many due times are kept per lane; beyond, the latest are
@@ -65,9 +63,10 @@ struct Lane {
 const LOOKS: usize = 32;
 
 impl Lane {
-    /// Notes work of this lane's jobs that is ready in `soon`.
-    fn look_in(&mut self, soon: Duration) {
-        if soon >= self.poll {
+    /// Notes work of this lane's jobs that is ready in `soon` (unless the
+    /// poll comes first).
+    fn look_in(&mut self, soon: Duration, poll: Duration) {
+        if soon >= poll {
             return;
         }
         self.look_at.push(Instant::now() + soon);
@@ -87,11 +86,6 @@ impl Lane {
             .fold(poll, Duration::min)
     }
 
-    /// Called as a pick starts: work ready by now is work this pick sees.
-    fn looking(&mut self) {
-        self.due();
-    }
-
     /// Whether some work of this lane's jobs is ready by now (forgotten
     /// then: whoever looks next sees it).
     fn due(&mut self) -> bool {
@@ -109,7 +103,6 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         cursor: random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32,
         batching: Batching::new(shared.config.max_batch, shared.config.batch_window),
         look_at: Vec::new(),
-        poll: shared.config.poll_interval,
     };
     let mut failures = 0u32;
     // Lanes beyond `concurrency` take jobs ahead of a free slot, which only
@@ -257,7 +250,8 @@ async fn run_pick<'s>(
     pending: &mut Vec<Done>,
     registration: &mut Option<Registration<'s>>,
 ) -> Result<bool, ConnectionLost> {
-    lane.looking();
+    // Work ready by now is work this pick sees.
+    lane.due();
     let limit = lane.batching.limit(shared.groups_scarce());
     // One round trip: end the previous jobs' transaction (if any), open the
     // next and pick. The simple-query `COMMIT; BEGIN` (or `BEGIN`) is written
@@ -334,7 +328,7 @@ async fn run_pick<'s>(
         Ok(Picked::Retry(slot)) => {
             // The group may have been left active for an enqueue in flight
             // (see `pgfifo.advance_head`): nobody is woken when it is ready.
-            lane.look_in(PARKED);
+            lane.look_in(PARKED, shared.config.poll_interval);
             // A group changed under the pick: release it and look again.
             if let Some(slot) = slot {
                 lane.cursor = slot.wrapping_add(1);
@@ -373,7 +367,7 @@ async fn run_pick<'s>(
     let wakes = shared.wakes.load(Ordering::SeqCst);
     let finished = execute(shared, conn, jobs, &mut lane.batching).await?;
     if let Some(soon) = finished.soon {
-        lane.look_in(soon);
+        lane.look_in(soon, shared.config.poll_interval);
     }
     *pending = finished.done;
     if pending.is_empty() || more || finished.again {
