@@ -467,41 +467,58 @@ async fn a_pick_never_returns_a_job_twice() {
     assert_eq!(got, want, "each job once");
 }
 
+/// What one-job `pgfifo.pick` calls return.
+#[derive(QueryableByName)]
+struct PickedOne {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    more: bool,
+}
+
+/// Picks one job from the start of the sweep, as a lane whose runner's other
+/// lanes hold `held`, and rolls back.
+async fn pick_one(conn: &mut diesel_async::AsyncPgConnection, held: &[i64]) -> PickedOne {
+    begin_job_transaction(conn).await;
+    let picked: PickedOne = diesel::sql_query(format!(
+        "SELECT id, more FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 1, $1)"
+    ))
+    .bind::<diesel::sql_types::Array<BigInt>, _>(held)
+    .get_result(conn)
+    .await
+    .expect("pick");
+    diesel_async::SimpleAsyncConnection::batch_execute(conn, "ROLLBACK")
+        .await
+        .expect("rollback");
+    picked
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_the_other_lanes_hold_are_not_work_left() {
     let db = TestDb::new().await;
     let ids = ready_groups(&db, 2).await;
-    #[derive(QueryableByName)]
-    struct Picked {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        more: bool,
-    }
     let mut conn = db.direct().await;
-    // One job per pick, from the same place of the sweep each time; `held`
-    // is what the runner's other lanes hold.
-    let mut pick = async |held: &[i64]| -> Picked {
-        begin_job_transaction(&mut conn).await;
-        let picked: Picked = diesel::sql_query(format!(
-            "SELECT id, more FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 1, $1)"
-        ))
-        .bind::<diesel::sql_types::Array<BigInt>, _>(held)
-        .get_result(&mut conn)
-        .await
-        .expect("pick");
-        diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "ROLLBACK")
-            .await
-            .expect("rollback");
-        picked
-    };
-    let first = pick(&[]).await;
+    let first = pick_one(&mut conn, &[]).await;
     assert!(first.more, "the other group is ready and nobody holds it");
     let other = *ids.iter().find(|id| **id != first.id).expect("other job");
-    let again = pick(&[other]).await;
+    let again = pick_one(&mut conn, &[other]).await;
     assert_eq!(again.id, first.id);
     assert!(
         !again.more,
         "the only other ready group is held by another lane of the runner"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_passes_over_the_groups_the_other_lanes_hold() {
+    let db = TestDb::new().await;
+    let ids = ready_groups(&db, 2).await;
+    let mut conn = db.direct().await;
+    // Nobody locks the first group of the sweep here: only `held` says that
+    // another lane runs its head, so a pick that tried its lock would take it.
+    let first = pick_one(&mut conn, &[]).await;
+    let other = *ids.iter().find(|id| **id != first.id).expect("other job");
+    let next = pick_one(&mut conn, &[first.id]).await;
+    assert_eq!(next.id, other, "the held group's head was picked");
+    assert!(!next.more, "the only other ready group is held");
 }
