@@ -369,7 +369,6 @@ $$;
 -- Makes groups woken by enqueuers active: creates missing group rows and sets
 -- the head of idle ones. Runs in its own short transaction on a runner's
 -- connection (never in a job's transaction, whose locks last for the job).
--- Returns how many wake rows it consumed (0: none left).
 --
 -- A wake row becomes visible with the commit of its enqueuer, so the jobs are
 -- visible too. Each group row is locked SKIP LOCKED before it is looked at; a
@@ -386,10 +385,18 @@ $$;
 -- an older queued job as its head if one became visible (an enqueuer that
 -- committed late, an operator's retry); a head that started keeps its place.
 --
--- Returns the wake rows it handled; rows of groups it found locked (a job
+-- promoted: the wake rows it handled; rows of groups it found locked (a job
 -- runs) are put back and not counted, so a caller that promotes until
--- nothing is left does not spin on them.
-CREATE FUNCTION pgfifo.promote(p_queues text[], p_limit integer) RETURNS integer
+-- nothing is left does not spin on them. ready_later_us: in how many
+-- microseconds the earliest head it set that is not ready yet (a delayed
+-- job) becomes ready (NULL: none), when the runner looks again; nobody is
+-- woken for it.
+CREATE FUNCTION pgfifo.promote(
+    p_queues           text[],
+    p_limit            integer,
+    OUT promoted       integer,
+    OUT ready_later_us bigint
+)
 LANGUAGE plpgsql
 -- Short queries on small tables: compiling them would cost 100x running them.
 SET jit = off
@@ -401,6 +408,8 @@ DECLARE
     v_group record;
     v_next  record;
     v_locked boolean;
+    v_later timestamptz;
+    v_now   timestamptz := clock_timestamp();
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     FOR v_wake IN
@@ -467,8 +476,16 @@ BEGIN
         SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after,
             idle_since = NULL
         WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+        IF v_next.run_after > v_now THEN
+            v_later := least(v_later, v_next.run_after);
+        END IF;
     END LOOP;
-    RETURN v_taken;
+    promoted := v_taken;
+    -- (0 if it has passed meanwhile: the lanes woken for these groups pick
+    -- it.)
+    IF v_later IS NOT NULL THEN
+        ready_later_us := pgfifo.micros_until(v_later, clock_timestamp());
+    END IF;
 END
 $$;
 
@@ -876,8 +893,8 @@ $$;
 -- Reports the work these jobs left that nobody is woken for: a group's next
 -- head (enqueues into an active group wake nobody), a retry, a group
 -- advance_head could not yet declare idle. ready_now: some is ready now (the
--- runner picks again for it); ready_later_us: in how many microseconds the
--- earliest of the rest is ready (NULL: none), when the runner looks again.
+-- runner picks again for it); ready_later_us: in how many microseconds each
+-- of the rest is ready (NULL: none), when the runner looks again.
 CREATE FUNCTION pgfifo.complete(
     p_ids              bigint[],
     p_attempts         integer[],
@@ -888,7 +905,7 @@ CREATE FUNCTION pgfifo.complete(
     p_queues           text[],
     p_groups           text[],
     OUT ready_now      boolean,
-    OUT ready_later_us bigint
+    OUT ready_later_us bigint[]
 )
 LANGUAGE plpgsql
 SET enable_sort = off
@@ -945,7 +962,7 @@ BEGIN
             WHERE g.queue = done.q AND g.group_id = done.grp
             RETURNING done.done_id, pgfifo.micros_until(next.run_after, v_now) AS ready_in)
         SELECT array_agg(moved.done_id), coalesce(bool_or(moved.ready_in = 0), false),
-               min(moved.ready_in) FILTER (WHERE moved.ready_in > 0)
+               array_agg(moved.ready_in) FILTER (WHERE moved.ready_in > 0)
         INTO v_moved, ready_now, ready_later_us FROM moved;
     END IF;
     FOR v_i IN 1 .. v_n LOOP
@@ -957,7 +974,9 @@ BEGIN
         IF v_outcome = 'retry' THEN
             v_ready_in := greatest(coalesce(p_retry_delay_us[v_i], 0), 0);
             ready_now := ready_now OR coalesce(v_ready_in = 0, false);
-            ready_later_us := least(ready_later_us, nullif(v_ready_in, 0));
+            IF v_ready_in > 0 THEN
+                ready_later_us := ready_later_us || v_ready_in;
+            END IF;
         END IF;
         CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
         IF v_outcome = 'retry' THEN
@@ -995,7 +1014,9 @@ BEGIN
                 v_ready_in := pgfifo.advance_head(v_queue, v_group, v_id);
             END IF;
             ready_now := ready_now OR coalesce(v_ready_in = 0, false);
-            ready_later_us := least(ready_later_us, nullif(v_ready_in, 0));
+            IF v_ready_in > 0 THEN
+                ready_later_us := ready_later_us || v_ready_in;
+            END IF;
         END IF;
     END LOOP;
     IF v_n = 1 THEN

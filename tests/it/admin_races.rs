@@ -10,8 +10,10 @@ use crate::admin_support::{Fx, Mode, QUEUE};
 
 /// Promotes every woken group of the test queue; returns what promote says.
 async fn promote(fx: &Fx) -> i64 {
-    fx.scalar(&format!("SELECT pgfifo.promote(ARRAY['{QUEUE}'], 100)"))
-        .await
+    fx.scalar(&format!(
+        "SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100)"
+    ))
+    .await
 }
 
 /// The group's `head_id` and whether it is active (`ready_at` set).

@@ -426,8 +426,10 @@ async fn ready_groups(db: &TestDb, n: usize) -> Vec<JobId> {
         .map(|_| BatchFreeJob { fail: false, ms: 0 })
         .collect();
     let ids = enqueue_one_per_group(db, jobs).await;
-    db.scalar(&format!("SELECT pgfifo.promote(ARRAY['{QUEUE}'], 100)"))
-        .await;
+    db.scalar(&format!(
+        "SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100)"
+    ))
+    .await;
     ids
 }
 

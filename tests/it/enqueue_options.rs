@@ -217,7 +217,7 @@ async fn priority_picks_the_group_not_the_order_inside_it() {
     // Make the groups active before the runner starts, as one promotion:
     // otherwise a lane may find a group activated before the others (the
     // runner's listener and its lanes promote concurrently) and run it first.
-    db.scalar("SELECT pgfifo.promote(ARRAY(SELECT DISTINCT queue FROM pgfifo.group_wake), 100)")
+    db.scalar("SELECT promoted FROM pgfifo.promote(ARRAY(SELECT DISTINCT queue FROM pgfifo.group_wake), 100)")
         .await;
 
     // One lane: with a prefetch lane too, two lanes pick b and c at once and

@@ -3,7 +3,8 @@
 //! after a batch, a lane picks again at once if a group it ran has its next
 //! job ready (an enqueue into an active group wakes nobody), if its pick left
 //! other work, or if a wake-up came that no waiting lane could take, and
-//! otherwise waits for a wake-up, or until a retry it wrote is due. The poll
+//! otherwise waits for a wake-up. Work that becomes ready by itself (a retry,
+//! a delayed job) wakes a lane when it is due, whichever lane is free. The poll
 //! interval here is far longer than the tests' limits, so a job that waited
 //! for it fails them.
 
@@ -180,6 +181,60 @@ async fn a_retry_runs_when_its_delay_is_over_not_at_the_poll() {
     db.wait_jobs_in(&[grouped, ungrouped], "succeeded", PROMPT)
         .await;
     assert_eq!(db.attempts_of(&[grouped, ungrouped]).await, 4);
+    runner.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_runs_when_due_though_the_lane_that_wrote_it_is_busy() {
+    let db = TestDb::new().await;
+    let (first, second) = ("wakeups_due_first", "wakeups_due_second");
+    let runner = db.start_runner(config(2).prefetch(0)).await;
+    // One lane holds the first job; the other runs the retried job's first
+    // attempt, then takes the second held job (the only lane free for it).
+    let held_first = db.enqueue(job(first, true), "held-1").await;
+    gate(first).wait_started(1).await;
+    let retried = db.enqueue(RetriesOnce { delay_ms: 300 }, "retried").await;
+    eventually("the first attempt is written", PROMPT, || async {
+        let waiting = db
+            .scalar(&format!(
+                "SELECT count(*) FROM pgfifo.job WHERE id = {retried} \
+                 AND state = 'queued' AND attempts = 1"
+            ))
+            .await;
+        if waiting == 1 {
+            Ok(())
+        } else {
+            Err("not retried yet".to_owned())
+        }
+    })
+    .await;
+    let held_second = db.enqueue(job(second, true), "held-2").await;
+    gate(second).wait_started(1).await;
+    // The lane of the first job frees up; the lane that wrote the retry stays
+    // busy until the end.
+    gate(first).release.add_permits(1);
+    db.wait_jobs_in(&[retried], "succeeded", PROMPT).await;
+    gate(second).release.add_permits(1);
+    db.wait_jobs_in(&[held_first, held_second], "succeeded", PROMPT)
+        .await;
+    runner.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_job_of_an_idle_group_runs_when_due_not_at_the_poll() {
+    let db = TestDb::new().await;
+    let runner = db.start_runner(config(2)).await;
+    let mut conn = db.conn().await;
+    // The enqueue wakes the group; its promote finds the head not ready yet.
+    let delayed = job("wakeups_delayed", false)
+        .enqueue_with(
+            &mut conn,
+            EnqueueOptions::group("delayed").run_in(Duration::from_millis(300)),
+        )
+        .await
+        .expect("enqueue");
+    drop(conn);
+    db.wait_jobs_in(&[delayed], "succeeded", PROMPT).await;
     runner.shutdown().await.expect("shutdown");
 }
 

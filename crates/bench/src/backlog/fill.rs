@@ -114,7 +114,7 @@ pub(super) async fn check_fill(server: &str) -> Result<(), String> {
     pgfifo::enqueue_batch(&mut conn, jobs)
         .await
         .map_err(|e| e.to_string())?;
-    diesel::sql_query("SELECT pgfifo.promote(ARRAY['bench'], 1000000) AS n")
+    diesel::sql_query("SELECT promoted AS n FROM pgfifo.promote(ARRAY['bench'], 1000000)")
         .execute(&mut conn)
         .await
         .map_err(|e| {

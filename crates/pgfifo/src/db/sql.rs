@@ -320,18 +320,23 @@ pub(crate) struct Completion<'a> {
 struct ReadyRow {
     #[diesel(sql_type = Bool)]
     ready_now: bool,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    ready_later_us: Option<i64>,
+    #[diesel(sql_type = Nullable<Array<BigInt>>)]
+    ready_later_us: Option<Vec<i64>>,
 }
 
 /// The work a pick's jobs left that nobody is woken for (a group's next job,
 /// a retry; see `pgfifo.complete`).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct LeftWork {
     /// Some is ready now.
     pub now: bool,
-    /// How soon the earliest of the rest is ready.
-    pub later: Option<Duration>,
+    /// How soon each of the rest is ready.
+    pub later: Vec<Duration>,
+}
+
+/// A count of microseconds from the server (never negative there).
+fn micros(us: i64) -> Duration {
+    Duration::from_micros(us.max(0) as u64)
 }
 
 /// Writes the outcomes of a pick's jobs in their transaction (which then
@@ -372,7 +377,10 @@ pub(crate) async fn complete(
         now: row.ready_now,
         later: row
             .ready_later_us
-            .map(|us| Duration::from_micros(us.max(0) as u64)),
+            .unwrap_or_default()
+            .into_iter()
+            .map(micros)
+            .collect(),
     })
 }
 
@@ -382,22 +390,41 @@ struct CountRow {
     n: i32,
 }
 
+#[derive(QueryableByName)]
+struct PromotedRow {
+    #[diesel(sql_type = Integer)]
+    promoted: i32,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ready_later_us: Option<i64>,
+}
+
+/// What a promote did (see `pgfifo.promote`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Promoted {
+    /// The wake rows it consumed: how many groups became active, at most.
+    pub groups: i32,
+    /// How soon the earliest head it set that is not ready yet is ready.
+    pub later: Option<Duration>,
+}
+
 /// Makes groups that enqueuers woke active (autocommit, its own short
-/// transaction; never inside a job's transaction). Returns how many became
-/// active.
+/// transaction; never inside a job's transaction).
 pub(crate) async fn promote(
     conn: &mut AsyncPgConnection,
     queues: &[String],
     limit: i32,
-) -> diesel::QueryResult<i32> {
-    let row: CountRow = Prepared(
-        diesel::sql_query("SELECT pgfifo.promote($1, $2) AS n")
+) -> diesel::QueryResult<Promoted> {
+    let row: PromotedRow = Prepared(
+        diesel::sql_query("SELECT promoted, ready_later_us FROM pgfifo.promote($1, $2)")
             .bind::<Array<Text>, _>(queues)
             .bind::<Integer, _>(limit),
     )
     .get_result(conn)
     .await?;
-    Ok(row.n)
+    Ok(Promoted {
+        groups: row.promoted,
+        later: row.ready_later_us.map(micros),
+    })
 }
 
 /// The backend process id of this connection (the sender's id in the

@@ -43,9 +43,10 @@ pub struct RunnerConfig {
     pub prefetch: Option<usize>,
     /// How often an idle runner looks for work when no notification arrives
     /// (default 1 s). Notifications make new jobs start within milliseconds,
-    /// and the lane that wrote a retry (or advanced a group to a delayed job)
-    /// looks again when it is due, if it is idle then; polling catches the
-    /// rest: delayed jobs of idle groups, retries whose lane was busy, lost
+    /// and work the runner learnt the time of (a retry it wrote, a group it
+    /// advanced or promoted to a delayed job) wakes a free lane when it is
+    /// due; polling catches the rest: delayed ungrouped jobs, retries and
+    /// delays that another runner learnt of while it was busy, lost
     /// notifications.
     pub poll_interval: Duration,
     /// The timeout of jobs whose type sets none (default 5 minutes).

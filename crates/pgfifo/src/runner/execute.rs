@@ -64,8 +64,8 @@ pub(super) struct Finished {
     pub(super) again: bool,
     /// How soon work these jobs left becomes ready by itself (a retry's
     /// delay, a group's delayed next job): nobody is woken for it, so the
-    /// worker waits no longer than that.
-    pub(super) soon: Option<Duration>,
+    /// worker notes it for the timer.
+    pub(super) soon: Vec<Duration>,
 }
 
 impl Finished {
@@ -73,7 +73,7 @@ impl Finished {
         Finished {
             done: Vec::new(),
             again: true,
-            soon: None,
+            soon: Vec::new(),
         }
     }
 

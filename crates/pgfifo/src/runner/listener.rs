@@ -171,16 +171,20 @@ async fn promote_and_wake(
 }
 
 /// Promotes woken groups until no wake rows are left; returns how many wake
-/// rows it consumed.
+/// rows it consumed. Delayed heads it set are noted for the timer.
 pub(super) async fn promote_all(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
 ) -> Result<i32, String> {
     let mut total = 0;
     loop {
-        let n = sql::promote(conn, &shared.queues, PROMOTE_BATCH)
+        let promoted = sql::promote(conn, &shared.queues, PROMOTE_BATCH)
             .await
             .map_err(|e| e.to_string())?;
+        if let Some(later) = promoted.later {
+            shared.due.add(later);
+        }
+        let n = promoted.groups;
         total += n;
         if n < PROMOTE_BATCH {
             shared.promoted_now();

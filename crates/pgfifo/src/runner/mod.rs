@@ -9,6 +9,8 @@
 //! * the listener (`listener`), which promotes woken groups and wakes idle
 //!   workers on the notifications of `pgfifo` and `pgfifo_groups`, with
 //!   polling every [`RunnerConfig::poll_interval`] as the fallback;
+//! * the timer (`timer`), which wakes idle workers when work the runner
+//!   knows of becomes ready by itself (a retry, a delayed job);
 //! * the periodic tasks (`maintenance`): the heartbeat row in `pgfifo.runner`,
 //!   the sampled gauges of [`metrics`], and [`Retention`] when configured.
 //!
@@ -24,6 +26,7 @@ mod listener;
 mod maintenance;
 pub mod metrics;
 mod outcome;
+mod timer;
 mod txn;
 mod worker;
 
@@ -149,6 +152,8 @@ pub(crate) struct Shared {
     pub epoch: std::time::Instant,
     /// When woken groups were last promoted (ms since `epoch`).
     pub promoted_at: AtomicU64,
+    /// When work that nobody is woken for becomes ready (see `timer`).
+    due: timer::DueTimes,
     /// Metric handles and the running counts the heartbeat reports.
     pub metrics: metrics::Metrics,
 }
@@ -341,6 +346,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             .collect(),
         epoch: std::time::Instant::now(),
         promoted_at: AtomicU64::new(0),
+        due: timer::DueTimes::default(),
         metrics: metrics::Metrics::new(&queues),
         pool,
         queues,
@@ -353,6 +359,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         config,
     });
     tracker.spawn(listener::run(shared.clone(), service.clone()));
+    tracker.spawn(timer::run(shared.clone()));
     tracker.spawn(maintenance::heartbeat(shared.clone(), service.clone()));
     if let Some(interval) = shared.config.metrics_interval {
         tracker.spawn(maintenance::sample_gauges(

@@ -50,50 +50,6 @@ struct Lane {
     /// `pgfifo.pick`); lanes start at random places.
     cursor: i32,
     batching: Batching,
-    /// When work that this lane's jobs left becomes ready by itself (a
-    /// retry's delay, a group's delayed next head), within a poll interval:
-    /// the lane waits for a wake-up no longer than the earliest. Each is
-    /// kept until a pick starts after it, so that one due earlier does not
-    /// hide the others.
-    look_at: Vec<Instant>,
-}
-
-/// At most this many due times are kept per lane; beyond, the latest are
-/// left to the poll.
-const LOOKS: usize = 32;
-
-impl Lane {
-    /// Notes work of this lane's jobs that is ready in `soon` (unless the
-    /// poll comes first).
-    fn look_in(&mut self, soon: Duration, poll: Duration) {
-        if soon >= poll {
-            return;
-        }
-        self.look_at.push(Instant::now() + soon);
-        if self.look_at.len() > LOOKS {
-            self.look_at.sort_unstable();
-            self.look_at.truncate(LOOKS);
-        }
-    }
-
-    /// How long to wait for a wake-up: the poll, or less when work of this
-    /// lane's jobs is ready sooner (nothing when it is ready already).
-    fn wait(&self, poll: Duration) -> Duration {
-        let now = Instant::now();
-        self.look_at
-            .iter()
-            .map(|at| at.saturating_duration_since(now))
-            .fold(poll, Duration::min)
-    }
-
-    /// Whether some work of this lane's jobs is ready by now (forgotten
-    /// then: whoever looks next sees it).
-    fn due(&mut self) -> bool {
-        let now = Instant::now();
-        let before = self.look_at.len();
-        self.look_at.retain(|at| *at > now);
-        self.look_at.len() < before
-    }
 }
 
 pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
@@ -102,7 +58,6 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         turn: slot as i32,
         cursor: random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32,
         batching: Batching::new(shared.config.max_batch, shared.config.batch_window),
-        look_at: Vec::new(),
     };
     let mut failures = 0u32;
     // Lanes beyond `concurrency` take jobs ahead of a free slot, which only
@@ -113,9 +68,9 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
     'slot: while !shared.stop.is_cancelled() {
         if prefetch_lane && shared.prefetch_rests() {
             // Resting lanes do not wait for wake-ups: they would take them
-            // from the lanes that work. A wake-up this lane took, and work
-            // its jobs left that is now due, go to a lane that works.
-            if std::mem::take(&mut woken) | lane.due() {
+            // from the lanes that work. A wake-up this lane took goes to a
+            // lane that works.
+            if std::mem::take(&mut woken) {
                 shared.wake_one();
             }
             tokio::select! {
@@ -191,7 +146,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
             continue;
         }
         let notified = registration.unwrap_or_else(|| register(&shared));
-        let poll = lane.wait(jittered(shared.config.poll_interval));
+        let poll = jittered(shared.config.poll_interval);
         shared.idle_lanes.fetch_add(1, Ordering::SeqCst);
         woken = tokio::select! {
             () = notified => true,
@@ -250,8 +205,6 @@ async fn run_pick<'s>(
     pending: &mut Vec<Done>,
     registration: &mut Option<Registration<'s>>,
 ) -> Result<bool, ConnectionLost> {
-    // Work ready by now is work this pick sees.
-    lane.due();
     let limit = lane.batching.limit(shared.groups_scarce());
     // One round trip: end the previous jobs' transaction (if any), open the
     // next and pick. The simple-query `COMMIT; BEGIN` (or `BEGIN`) is written
@@ -328,7 +281,7 @@ async fn run_pick<'s>(
         Ok(Picked::Retry(slot)) => {
             // The group may have been left active for an enqueue in flight
             // (see `pgfifo.advance_head`): nobody is woken when it is ready.
-            lane.look_in(PARKED, shared.config.poll_interval);
+            shared.due.add(PARKED);
             // A group changed under the pick: release it and look again.
             if let Some(slot) = slot {
                 lane.cursor = slot.wrapping_add(1);
@@ -366,8 +319,8 @@ async fn run_pick<'s>(
     // take are counted instead (see `Shared::wake_lanes`).
     let wakes = shared.wakes.load(Ordering::SeqCst);
     let finished = execute(shared, conn, jobs, &mut lane.batching).await?;
-    if let Some(soon) = finished.soon {
-        lane.look_in(soon, shared.config.poll_interval);
+    for &soon in &finished.soon {
+        shared.due.add(soon);
     }
     *pending = finished.done;
     if pending.is_empty() || more || finished.again {
