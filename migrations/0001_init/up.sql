@@ -388,14 +388,14 @@ $$;
 -- promoted: the wake rows it handled; rows of groups it found locked (a job
 -- runs) are put back and not counted, so a caller that promotes until
 -- nothing is left does not spin on them. ready_later_us: in how many
--- microseconds the earliest head it set that is not ready yet (a delayed
--- job) becomes ready (NULL: none), when the runner looks again; nobody is
--- woken for it.
+-- microseconds each head it set that is not ready yet (a delayed job)
+-- becomes ready (NULL: none), when the runner looks again; nobody is woken
+-- for them.
 CREATE FUNCTION pgfifo.promote(
     p_queues           text[],
     p_limit            integer,
     OUT promoted       integer,
-    OUT ready_later_us bigint
+    OUT ready_later_us bigint[]
 )
 LANGUAGE plpgsql
 -- Short queries on small tables: compiling them would cost 100x running them.
@@ -408,7 +408,6 @@ DECLARE
     v_group record;
     v_next  record;
     v_locked boolean;
-    v_later timestamptz;
     v_now   timestamptz := clock_timestamp();
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -477,15 +476,11 @@ BEGIN
             idle_since = NULL
         WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
         IF v_next.run_after > v_now THEN
-            v_later := least(v_later, v_next.run_after);
+            ready_later_us := ready_later_us
+                              || pgfifo.micros_until(v_next.run_after, clock_timestamp());
         END IF;
     END LOOP;
     promoted := v_taken;
-    -- (0 if it has passed meanwhile: the lanes woken for these groups pick
-    -- it.)
-    IF v_later IS NOT NULL THEN
-        ready_later_us := pgfifo.micros_until(v_later, clock_timestamp());
-    END IF;
 END
 $$;
 

@@ -524,3 +524,54 @@ async fn a_pick_passes_over_the_groups_the_other_lanes_hold() {
     assert_eq!(next.id, other, "the held group's head was picked");
     assert!(!next.more, "the only other ready group is held");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_reports_when_each_of_its_retries_is_due() {
+    #[derive(QueryableByName)]
+    struct PickedRow {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+        #[diesel(sql_type = Text)]
+        group_id: String,
+    }
+    #[derive(QueryableByName)]
+    struct Left {
+        #[diesel(sql_type = diesel::sql_types::Array<BigInt>)]
+        later: Vec<i64>,
+    }
+    let db = TestDb::new().await;
+    ready_groups(&db, 2).await;
+    let mut conn = db.direct().await;
+    begin_job_transaction(&mut conn).await;
+    let picked: Vec<PickedRow> = diesel::sql_query(format!(
+        "SELECT id, group_id FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 2)"
+    ))
+    .load(&mut conn)
+    .await
+    .expect("pick");
+    assert_eq!(picked.len(), 2, "both groups are ready");
+    // Both retried, 300 ms and 900 ms from now, in one call.
+    let left: Left = diesel::sql_query(format!(
+        "SELECT ready_later_us AS later FROM pgfifo.complete($1, '{{1,1}}', \
+         '{{retry,retry}}', '{{first,second}}', ARRAY[NULL, NULL]::jsonb[], \
+         '{{300000,900000}}', ARRAY['{QUEUE}', '{QUEUE}'], $2)"
+    ))
+    .bind::<diesel::sql_types::Array<BigInt>, _>(picked.iter().map(|p| p.id).collect::<Vec<_>>())
+    .bind::<diesel::sql_types::Array<Text>, _>(
+        picked
+            .iter()
+            .map(|p| p.group_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .get_result(&mut conn)
+    .await
+    .expect("complete");
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "ROLLBACK")
+        .await
+        .expect("rollback");
+    let mut later = left.later;
+    later.sort_unstable();
+    assert_eq!(later.len(), 2, "one due time per retry: {later:?}");
+    assert!(later[0] > 0 && later[0] <= 300_000, "{later:?}");
+    assert!(later[1] > 300_000 && later[1] <= 900_000, "{later:?}");
+}

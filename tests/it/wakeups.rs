@@ -221,20 +221,24 @@ async fn a_retry_runs_when_due_though_the_lane_that_wrote_it_is_busy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delayed_job_of_an_idle_group_runs_when_due_not_at_the_poll() {
+async fn delayed_jobs_of_idle_groups_run_when_due_not_at_the_poll() {
     let db = TestDb::new().await;
     let runner = db.start_runner(config(2)).await;
+    // One batch wakes both groups, and one promote finds both heads not
+    // ready yet, each due at its own time.
+    let batch = [("delayed-1", 300), ("delayed-2", 900)]
+        .into_iter()
+        .map(|(group, ms)| {
+            let options = EnqueueOptions::group(group).run_in(Duration::from_millis(ms));
+            NewJob::new(&job("wakeups_delayed", false), options).expect("new job")
+        })
+        .collect::<Vec<_>>();
     let mut conn = db.conn().await;
-    // The enqueue wakes the group; its promote finds the head not ready yet.
-    let delayed = job("wakeups_delayed", false)
-        .enqueue_with(
-            &mut conn,
-            EnqueueOptions::group("delayed").run_in(Duration::from_millis(300)),
-        )
+    let ids = pgfifo::enqueue_batch(&mut conn, batch)
         .await
         .expect("enqueue");
     drop(conn);
-    db.wait_jobs_in(&[delayed], "succeeded", PROMPT).await;
+    db.wait_jobs_in(&ids, "succeeded", PROMPT).await;
     runner.shutdown().await.expect("shutdown");
 }
 

@@ -334,9 +334,12 @@ pub(crate) struct LeftWork {
     pub later: Vec<Duration>,
 }
 
-/// A count of microseconds from the server (never negative there).
-fn micros(us: i64) -> Duration {
-    Duration::from_micros(us.max(0) as u64)
+/// Counts of microseconds from the server (never negative there; NULL: none).
+fn micros_each(us: Option<Vec<i64>>) -> Vec<Duration> {
+    us.unwrap_or_default()
+        .into_iter()
+        .map(|us| Duration::from_micros(us.max(0) as u64))
+        .collect()
 }
 
 /// Writes the outcomes of a pick's jobs in their transaction (which then
@@ -375,12 +378,7 @@ pub(crate) async fn complete(
     .await?;
     Ok(LeftWork {
         now: row.ready_now,
-        later: row
-            .ready_later_us
-            .unwrap_or_default()
-            .into_iter()
-            .map(micros)
-            .collect(),
+        later: micros_each(row.ready_later_us),
     })
 }
 
@@ -394,17 +392,17 @@ struct CountRow {
 struct PromotedRow {
     #[diesel(sql_type = Integer)]
     promoted: i32,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    ready_later_us: Option<i64>,
+    #[diesel(sql_type = Nullable<Array<BigInt>>)]
+    ready_later_us: Option<Vec<i64>>,
 }
 
 /// What a promote did (see `pgfifo.promote`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Promoted {
     /// The wake rows it consumed: how many groups became active, at most.
     pub groups: i32,
-    /// How soon the earliest head it set that is not ready yet is ready.
-    pub later: Option<Duration>,
+    /// How soon each head it set that is not ready yet is ready.
+    pub later: Vec<Duration>,
 }
 
 /// Makes groups that enqueuers woke active (autocommit, its own short
@@ -423,7 +421,7 @@ pub(crate) async fn promote(
     .await?;
     Ok(Promoted {
         groups: row.promoted,
-        later: row.ready_later_us.map(micros),
+        later: micros_each(row.ready_later_us),
     })
 }
 

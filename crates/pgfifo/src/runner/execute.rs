@@ -64,7 +64,7 @@ pub(super) struct Finished {
     pub(super) again: bool,
     /// How soon work these jobs left becomes ready by itself (a retry's
     /// delay, a group's delayed next job): nobody is woken for it, so the
-    /// worker notes it for the timer.
+    /// worker notes it for the timer once the outcomes commit.
     pub(super) soon: Vec<Duration>,
 }
 
@@ -87,12 +87,13 @@ impl Finished {
     }
 }
 
-/// Runs a pick's jobs to their outcomes (see [`Finished`]); `Err` when the
-/// connection must be dropped.
+/// Runs a pick's jobs (picked by lane `lane`) to their outcomes (see
+/// [`Finished`]); `Err` when the connection must be dropped.
 pub(super) async fn execute(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
     jobs: Vec<PickedJob>,
+    lane: usize,
     batching: &mut Batching,
 ) -> Result<Finished, ConnectionLost> {
     let backend_pid = jobs[0].backend_pid;
@@ -157,6 +158,9 @@ pub(super) async fn execute(
                         "could not roll back jobs handed back".into(),
                     ));
                 }
+                // Their groups are free again, also for this runner's other
+                // lanes (which pass over the groups a lane holds).
+                shared.hold(lane, []);
                 // Every slot is busy with long jobs: take nothing until one
                 // frees up, rather than lock and hand back pick after pick.
                 tokio::select! {

@@ -171,7 +171,7 @@ async fn promote_and_wake(
 }
 
 /// Promotes woken groups until no wake rows are left; returns how many wake
-/// rows it consumed. Delayed heads it set are noted for the timer.
+/// rows it consumed. The delayed heads it set are noted for the timer.
 pub(super) async fn promote_all(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
@@ -181,7 +181,7 @@ pub(super) async fn promote_all(
         let promoted = sql::promote(conn, &shared.queues, PROMOTE_BATCH)
             .await
             .map_err(|e| e.to_string())?;
-        if let Some(later) = promoted.later {
+        for &later in &promoted.later {
             shared.due.add(later);
         }
         let n = promoted.groups;

@@ -144,9 +144,10 @@ pub(crate) struct Shared {
     /// and every `wake_all`: a lane that ran a batch without being registered
     /// for them compares it before it waits (see the worker).
     pub wakes: AtomicU64,
-    /// Per lane, the jobs of its batch whose outcomes have not committed yet
-    /// (their groups are locked by it): a pick does not count them as work
-    /// left for later (see `pgfifo.pick`'s `more`).
+    /// Per lane, the jobs it holds locked: those of its batch whose outcomes
+    /// have not committed yet (emptied when they commit or roll back). A
+    /// pick passes over their groups without trying their locks, and does
+    /// not count them as work left for later (see `pgfifo.pick`'s `more`).
     pub held: Vec<std::sync::Mutex<Vec<i64>>>,
     /// When this runner started: the clock of `promoted_at`.
     pub epoch: std::time::Instant,

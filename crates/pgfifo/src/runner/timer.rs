@@ -9,7 +9,7 @@
 //! other jobs when it is due, and the retry would wait for the poll. Work of
 //! other runners, and delayed ungrouped jobs, are found by the poll.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,10 +25,11 @@ const KEPT: usize = 4_096;
 /// time is noted).
 const NOTHING_DUE: Duration = Duration::from_secs(3_600);
 
-/// The times at which known work becomes ready.
+/// The times at which known work becomes ready, each with how many pieces
+/// of work are due then.
 #[derive(Debug, Default)]
 pub(super) struct DueTimes {
-    at: Mutex<BTreeSet<Instant>>,
+    at: Mutex<BTreeMap<Instant, usize>>,
     /// An earlier time than the timer sleeps for was noted.
     earlier: Notify,
 }
@@ -38,8 +39,8 @@ impl DueTimes {
     pub(super) fn add(&self, soon: Duration) {
         let at = Instant::now() + soon;
         let mut times = self.at.lock().unwrap_or_else(|e| e.into_inner());
-        let earliest = times.first().is_none_or(|first| at < *first);
-        times.insert(at);
+        let earliest = times.first_key_value().is_none_or(|(first, _)| at < *first);
+        *times.entry(at).or_default() += 1;
         if times.len() > KEPT {
             times.pop_last();
         }
@@ -54,15 +55,15 @@ impl DueTimes {
         self.at
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .first()
-            .copied()
+            .first_key_value()
+            .map(|(at, _)| *at)
     }
 
     /// Forgets the times that have come; returns how many.
     fn take_due(&self, now: Instant) -> usize {
         let mut times = self.at.lock().unwrap_or_else(|e| e.into_inner());
         let later = times.split_off(&(now + Duration::from_nanos(1)));
-        let due = times.len();
+        let due = times.values().sum();
         *times = later;
         due
     }
@@ -101,6 +102,11 @@ mod tests {
         std::thread::sleep(Duration::from_millis(1));
         assert_eq!(due.take_due(Instant::now()), 2);
         assert_eq!(due.take_due(Instant::now()), 0);
+        // Two pieces of work due at the same instant wake two lanes.
+        let at = Instant::now();
+        *due.at.lock().unwrap().entry(at).or_default() += 2;
+        assert_eq!(due.take_due(at), 2);
+        assert_eq!(due.take_due(Instant::now()), 0);
         let next = due.next().expect("the later time is kept");
         assert!(next > Instant::now() + Duration::from_secs(59));
     }
@@ -113,7 +119,7 @@ mod tests {
         }
         let times = due.at.lock().unwrap();
         assert_eq!(times.len(), KEPT);
-        let last = *times.last().unwrap();
+        let (&last, _) = times.last_key_value().unwrap();
         assert!(last < Instant::now() + Duration::from_secs(KEPT as u64 + 1));
     }
 }

@@ -40,6 +40,33 @@ type Registration<'a> = Pin<Box<Notified<'a>>>;
 /// A wait for a pooled connection longer than this is logged.
 const SLOW_POOL: Duration = Duration::from_secs(1);
 
+/// Outcomes written in a lane's transaction whose COMMIT is still to be
+/// sent, and when the work they leave becomes ready by itself (noted for the
+/// timer once they commit: a lane it woke before would find the groups still
+/// locked, and nobody would look again).
+#[derive(Default)]
+struct Pending {
+    done: Vec<Done>,
+    soon: Vec<Duration>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.done.is_empty()
+    }
+
+    /// They committed: emit their events and note what they left.
+    fn committed(&mut self, shared: &Shared) {
+        for done in self.done.drain(..) {
+            shared.committed(done);
+        }
+        for &soon in &self.soon {
+            shared.due.add(soon);
+        }
+        self.soon.clear();
+    }
+}
+
 /// What a lane keeps from one pick to the next.
 struct Lane {
     /// The lane's number (its place in `Shared::held`).
@@ -90,7 +117,7 @@ pub(super) async fn run(shared: Arc<Shared>, slot: usize) {
         // Drain: keep picking while picks return work; never wait for a timer
         // while there is work. A finished job's outcome is written but its
         // COMMIT travels with the next pick (`pending`).
-        let mut pending: Vec<Done> = Vec::new();
+        let mut pending = Pending::default();
         // Whether the last pick asked to look again at once.
         let mut follow_up = false;
         loop {
@@ -202,7 +229,7 @@ async fn run_pick<'s>(
     shared: &'s Shared,
     conn: &mut AsyncPgConnection,
     lane: &mut Lane,
-    pending: &mut Vec<Done>,
+    pending: &mut Pending,
     registration: &mut Option<Registration<'s>>,
 ) -> Result<bool, ConnectionLost> {
     let limit = lane.batching.limit(shared.groups_scarce());
@@ -244,15 +271,13 @@ async fn run_pick<'s>(
             return Err(if pending.is_empty() {
                 err.into()
             } else {
-                commit_failed(pending, &err)
+                commit_failed(&pending.done, &err)
             });
         }
         Some(Ok(())) => set_depth(conn, 1)?,
         None => {}
     }
-    for done in pending.drain(..) {
-        shared.committed(done);
-    }
+    pending.committed(shared);
     // The jobs this lane holds now: those picked, or none (anything it held
     // before committed with the pick).
     match &picked {
@@ -318,11 +343,9 @@ async fn run_pick<'s>(
     // registered while it runs the jobs): those that no waiting lane could
     // take are counted instead (see `Shared::wake_lanes`).
     let wakes = shared.wakes.load(Ordering::SeqCst);
-    let finished = execute(shared, conn, jobs, &mut lane.batching).await?;
-    for &soon in &finished.soon {
-        shared.due.add(soon);
-    }
-    *pending = finished.done;
+    let finished = execute(shared, conn, jobs, lane.slot, &mut lane.batching).await?;
+    pending.done = finished.done;
+    pending.soon = finished.soon;
     if pending.is_empty() || more || finished.again {
         return Ok(true);
     }
@@ -342,24 +365,25 @@ async fn run_pick<'s>(
     Ok(false)
 }
 
-/// Commits the outcomes written last, if any, and emits their events.
+/// Commits the outcomes written last, if any, and emits their events. The
+/// lane holds nothing afterwards (without outcomes to commit, it had no
+/// transaction, or one that holds nothing: the last pick found nothing, or
+/// its jobs were rolled back).
 async fn commit_pending(
     shared: &Shared,
     conn: &mut AsyncPgConnection,
-    pending: &mut Vec<Done>,
+    pending: &mut Pending,
     lane: usize,
 ) -> Result<(), ConnectionLost> {
     if !pending.is_empty() {
         if let Err(err) = conn.batch_execute("COMMIT").await {
             Tm::transaction_manager_status_mut(conn).set_in_error();
-            return Err(commit_failed(pending, &err));
+            return Err(commit_failed(&pending.done, &err));
         }
-        shared.hold(lane, []);
         set_depth(conn, 0)?;
-        for done in pending.drain(..) {
-            shared.committed(done);
-        }
     }
+    shared.hold(lane, []);
+    pending.committed(shared);
     Ok(())
 }
 
