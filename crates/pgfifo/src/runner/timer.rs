@@ -59,7 +59,7 @@ impl DueTimes {
             .map(|(at, _)| *at)
     }
 
-    /// Forgets the times that have come; returns how many.
+    /// Forgets the times that have come; returns how much work was due.
     fn take_due(&self, now: Instant) -> usize {
         let mut times = self.at.lock().unwrap_or_else(|e| e.into_inner());
         let later = times.split_off(&(now + Duration::from_nanos(1)));
