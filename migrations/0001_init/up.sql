@@ -584,10 +584,12 @@ $$;
 -- Each job row's `more` says whether more work may be ready: the walk ended
 -- at its cap (see below), or it took p_limit jobs and another group is
 -- ready or an ungrouped job is queued. p_held lists the jobs the caller's
--- other lanes hold: their groups are neither tried (their locks are taken)
--- nor work left (their lanes look again for what follows them); a group held
--- by another runner counts as ready. The runner then picks again after these
--- jobs instead of waiting for a wake-up.
+-- other lanes hold: their groups are not work left (their lanes look again
+-- for what follows them); a group held by another runner counts as ready.
+-- The runner then picks again after these jobs instead of waiting for a
+-- wake-up. (Their locks are still tried: a lane whose connection was cut
+-- holds nothing any more while its handler runs on, and its job must run
+-- again at once.)
 --
 -- A single row whose id is NULL means: a group was locked that turned out to
 -- have nothing to run (or was parked, see below); commit (releasing it) and
@@ -686,15 +688,10 @@ BEGIN
                             v_lo := -2147483648;
                             v_hi := v_slot::bigint - 1;
                         END IF;
-                        -- Groups whose head the caller's other lanes hold
-                        -- are left out: their locks are taken (at a few
-                        -- hundred jobs a second most ready groups are those
-                        -- running, and trying each lock cost a statement).
                         FOR v_cand IN
                             SELECT g.group_id FROM pgfifo.queue_group AS g
                             WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority = v_prio
                               AND g.slot BETWEEN v_lo AND v_hi AND g.ready_at <= v_now
-                              AND NOT coalesce(g.head_id = ANY (v_held), false)
                             ORDER BY g.slot
                         LOOP
                             -- A busy queue has more active groups than free

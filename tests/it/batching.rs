@@ -512,20 +512,6 @@ async fn jobs_the_other_lanes_hold_are_not_work_left() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pick_passes_over_the_groups_the_other_lanes_hold() {
-    let db = TestDb::new().await;
-    let ids = ready_groups(&db, 2).await;
-    let mut conn = db.direct().await;
-    // Nobody locks the first group of the sweep here: only `held` says that
-    // another lane runs its head, so a pick that tried its lock would take it.
-    let first = pick_one(&mut conn, &[]).await;
-    let other = *ids.iter().find(|id| **id != first.id).expect("other job");
-    let next = pick_one(&mut conn, &[first.id]).await;
-    assert_eq!(next.id, other, "the held group's head was picked");
-    assert!(!next.more, "the only other ready group is held");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_reports_when_each_of_its_retries_is_due() {
     #[derive(QueryableByName)]
     struct PickedRow {

@@ -158,8 +158,7 @@ pub(super) async fn execute(
                         "could not roll back jobs handed back".into(),
                     ));
                 }
-                // Their groups are free again, also for this runner's other
-                // lanes (which pass over the groups a lane holds).
+                // Their groups are free again: work left for the other lanes.
                 shared.hold(lane, []);
                 // Every slot is busy with long jobs: take nothing until one
                 // frees up, rather than lock and hand back pick after pick.

@@ -146,8 +146,8 @@ pub(crate) struct Shared {
     pub wakes: AtomicU64,
     /// Per lane, the jobs it holds locked: those of its batch whose outcomes
     /// have not committed yet (emptied when they commit or roll back). A
-    /// pick passes over their groups without trying their locks, and does
-    /// not count them as work left for later (see `pgfifo.pick`'s `more`).
+    /// pick does not count them as work left for later (see `pgfifo.pick`'s
+    /// `more`).
     pub held: Vec<std::sync::Mutex<Vec<i64>>>,
     /// When this runner started: the clock of `promoted_at`.
     pub epoch: std::time::Instant,
