@@ -650,7 +650,6 @@ DECLARE
     v_now     timestamptz := statement_timestamp();
     v_bound   integer;
     v_prio    smallint;
-    v_held    bigint[] := coalesce(array_remove(p_held, NULL), '{}');
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
@@ -810,7 +809,7 @@ BEGIN
     -- hundred jobs a second, counting them sent most lanes to pick again
     -- after every job, to find nothing.
     IF v_count >= v_limit AND NOT v_more THEN
-        v_ids := v_ids || v_held;
+        v_ids := v_ids || coalesce(array_remove(p_held, NULL), '{}');
         v_more := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                           WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
                             AND g.ready_at <= v_now AND NOT g.head_id = ANY (v_ids))

@@ -13,7 +13,7 @@ use std::time::Duration;
 use pgfifo::{
     async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, JobId, NewJob, RunnerConfig,
 };
-use pgfifo_tests::{eventually, test_config, TestDb};
+use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
 
 use crate::gate::gate;
@@ -126,19 +126,14 @@ async fn a_group_woken_while_every_lane_is_busy_starts_after_the_batch() {
     // Another group: promoted by the listener while the only lane runs the
     // first job, so its wake-up finds no lane waiting.
     let second = db.enqueue(job(tag, false), "other").await;
-    eventually("the second group is promoted", PROMPT, || async {
-        let active = db
-            .scalar(&format!(
-                "SELECT count(*) FROM pgfifo.queue_group \
-                 WHERE queue = '{QUEUE}' AND group_id = 'other' AND ready_at IS NOT NULL"
-            ))
-            .await;
-        if active == 1 {
-            Ok(())
-        } else {
-            Err("the group is not active yet".to_owned())
-        }
-    })
+    db.wait_for(
+        &format!(
+            "SELECT count(*) FROM pgfifo.queue_group \
+             WHERE queue = '{QUEUE}' AND group_id = 'other' AND ready_at IS NOT NULL"
+        ),
+        1,
+        PROMPT,
+    )
     .await;
     gate(tag).release.add_permits(1);
     db.wait_jobs_in(&[first, second], "succeeded", PROMPT).await;
@@ -194,19 +189,15 @@ async fn a_retry_runs_when_due_though_the_lane_that_wrote_it_is_busy() {
     let held_first = db.enqueue(job(first, true), "held-1").await;
     gate(first).wait_started(1).await;
     let retried = db.enqueue(RetriesOnce { delay_ms: 300 }, "retried").await;
-    eventually("the first attempt is written", PROMPT, || async {
-        let waiting = db
-            .scalar(&format!(
-                "SELECT count(*) FROM pgfifo.job WHERE id = {retried} \
-                 AND state = 'queued' AND attempts = 1"
-            ))
-            .await;
-        if waiting == 1 {
-            Ok(())
-        } else {
-            Err("not retried yet".to_owned())
-        }
-    })
+    // Its first attempt is written.
+    db.wait_for(
+        &format!(
+            "SELECT count(*) FROM pgfifo.job WHERE id = {retried} \
+             AND state = 'queued' AND attempts = 1"
+        ),
+        1,
+        PROMPT,
+    )
     .await;
     let held_second = db.enqueue(job(second, true), "held-2").await;
     gate(second).wait_started(1).await;
