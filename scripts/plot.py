@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draws pgfifo's benchmark figures from saved results.
 
-Reads every `*.json` file in docs/bench-results/ (each holds the JSON lines
+Reads every `*.json` file in crates/bench/results/ (each holds the JSON lines
 that `pgfifo-bench` printed, one run per line) and draws:
 
 * docs/perf-backlog.png: pick cost (median and p99, ms) against backlog size,
@@ -164,7 +164,7 @@ def plot_workers(runs, out, plt):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "bench-results")
+    parser.add_argument("--results", type=Path, default=ROOT / "crates" / "bench" / "results")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args()
 
