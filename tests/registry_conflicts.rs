@@ -74,12 +74,12 @@ fn assert_lists_the_duplicate(err: &Error) {
         "the valid type is not a problem: {message}"
     );
     // The problem is one of the two types, and names the other.
-    let (this, other) = if problem.type_name.ends_with("RegDupA") {
+    let (this, other) = if problem.rust_type.ends_with("RegDupA") {
         ("RegDupA", "RegDupB")
     } else {
         ("RegDupB", "RegDupA")
     };
-    assert!(problem.type_name.ends_with(this), "{problem:?}");
+    assert!(problem.rust_type.ends_with(this), "{problem:?}");
     assert!(problem.problem.contains(other), "{problem:?}");
 }
 

@@ -15,6 +15,7 @@ mod enqueue_no_wait;
 mod enqueue_options;
 mod migrations;
 mod ungrouped;
+mod upgrade;
 
 // Runner side.
 mod atomicity;

@@ -1,14 +1,15 @@
 //! Schema migrations on databases created here without the migrated
 //! template: apply, idempotence, status, rollback, re-apply, concurrent
-//! migrations, the runner's schema check, and the bookkeeping table living
-//! apart from the host application's.
+//! migrations, the function set, the runner's schema check and its
+//! messages, and the bookkeeping tables living apart from the host
+//! application's. (Upgrades from a released schema: `upgrade.rs`.)
 
 use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use pgfifo::migrate::{self, MigrationStatus};
+use pgfifo::migrate::{self, FunctionsStatus, Migrated, MigrationStatus, SchemaStatus};
 use pgfifo::runner::JobOutcome;
 use pgfifo::{async_trait, Error, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{test_config, FreshDb, TestDb};
@@ -78,32 +79,55 @@ fn all_versions_reversed() -> Vec<i64> {
     all_versions().into_iter().rev().collect()
 }
 
-/// The status of every migration: the first `applied` of them applied.
-fn status_first(applied: usize) -> Vec<MigrationStatus> {
-    migrate::MIGRATIONS
-        .iter()
-        .enumerate()
-        .map(|(i, m)| MigrationStatus {
-            version: m.version,
-            name: m.name.into(),
-            applied: i < applied,
-        })
-        .collect()
+/// The newest schema version.
+fn latest() -> i64 {
+    migrate::latest_version()
 }
 
-fn status_all(applied: bool) -> Vec<MigrationStatus> {
-    status_first(if applied {
-        migrate::MIGRATIONS.len()
+/// The status of every migration: the first `applied` of them applied,
+/// with `functions`.
+fn status_first(applied: usize, functions: FunctionsStatus) -> SchemaStatus {
+    SchemaStatus {
+        migrations: migrate::MIGRATIONS
+            .iter()
+            .enumerate()
+            .map(|(i, m)| MigrationStatus {
+                version: m.version,
+                name: m.name.into(),
+                release: Some(m.release.into()),
+                applied: i < applied,
+            })
+            .collect(),
+        functions,
+    }
+}
+
+/// Everything applied and current, or nothing at all.
+fn status_all(applied: bool) -> SchemaStatus {
+    if applied {
+        status_first(migrate::MIGRATIONS.len(), FunctionsStatus::Current)
     } else {
-        0
-    })
+        status_first(0, FunctionsStatus::Unrecorded)
+    }
+}
+
+/// What a migrate of an empty database does.
+fn everything() -> Migrated {
+    Migrated {
+        applied: all_versions(),
+        functions_installed: true,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_is_idempotent_reversible_and_repeatable() {
     let db = FreshDb::new("mig").await;
     let mut conn = db.connect().await;
-    assert_eq!(migrate::latest_version(), 2);
+    assert_eq!(
+        migrate::release_of(latest()),
+        Some(migrate::RELEASE),
+        "the newest migration is this release's"
+    );
     assert_eq!(
         scalar(&mut conn, "(to_regclass('pgfifo.job') IS NULL)::int").await,
         1
@@ -112,28 +136,25 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
     assert!(
         matches!(
             migrate::check_current(&mut conn).await,
-            Err(Error::SchemaOutdated {
-                found: None,
-                needed: 2
-            })
+            Err(Error::SchemaOutdated { found: None, needed }) if needed == latest()
         ),
         "an unmigrated database is outdated"
     );
 
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
-        all_versions()
+        everything()
     );
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
-        Vec::<i64>::new(),
+        Migrated::default(),
         "idempotent"
     );
     assert_eq!(migrate::status(&mut conn).await.unwrap(), status_all(true));
     migrate::check_current(&mut conn).await.unwrap();
     assert_eq!(
         scalar(&mut conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
-        2
+        latest()
     );
     let objects = schema_objects(&mut conn).await;
     assert!(
@@ -141,34 +162,44 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
         "tables, sequence and functions exist: {objects}"
     );
 
-    // One step down and up: version 2 alone is reverted and re-applied.
-    assert_eq!(migrate::rollback(&mut conn, 1).await.unwrap(), vec![2]);
-    assert_eq!(migrate::status(&mut conn).await.unwrap(), status_first(1));
+    // One step down and up: the newest migration alone is reverted and
+    // re-applied. Its functions stay (they accept the previous release's
+    // calls) but are no longer recorded; migrate records them again.
+    let newest = latest() as usize;
+    assert_eq!(
+        migrate::rollback(&mut conn, 1).await.unwrap(),
+        vec![latest()]
+    );
+    assert_eq!(
+        migrate::status(&mut conn).await.unwrap(),
+        status_first(newest - 1, FunctionsStatus::Unrecorded)
+    );
+    let err = migrate::check_current(&mut conn).await.unwrap_err();
     assert!(
-        matches!(
-            migrate::check_current(&mut conn).await,
-            Err(Error::SchemaOutdated {
-                found: Some(1),
-                needed: 2
-            })
-        ),
-        "a database one migration behind is outdated"
+        matches!(err, Error::SchemaOutdated { found: Some(found), needed } if found == latest() - 1 && needed == latest()),
+        "a database one migration behind is outdated: {err:?}"
     );
     assert_eq!(
         scalar(
             &mut conn,
-            "(to_regprocedure('pgfifo.retry_jobs(bigint[])') IS NULL)::int"
+            "(to_regprocedure('pgfifo.retry_jobs(bigint[])') IS NOT NULL)::int"
         )
         .await,
         1,
-        "version 2's functions are gone"
+        "the functions stay when the newest migration is reverted"
     );
-    assert_eq!(migrate::migrate_conn(&mut conn).await.unwrap(), vec![2]);
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        Migrated {
+            applied: vec![latest()],
+            functions_installed: true
+        }
+    );
     assert_eq!(schema_objects(&mut conn).await, objects);
 
     // Down: the tables and functions go, the bookkeeping table stays, empty.
     assert_eq!(
-        migrate::rollback(&mut conn, 2).await.unwrap(),
+        migrate::rollback(&mut conn, newest).await.unwrap(),
         all_versions_reversed()
     );
     assert_eq!(
@@ -192,16 +223,13 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
     );
     assert!(matches!(
         migrate::check_current(&mut conn).await,
-        Err(Error::SchemaOutdated {
-            found: None,
-            needed: 2
-        })
+        Err(Error::SchemaOutdated { found: None, needed }) if needed == latest()
     ));
 
     // Up, down, up again.
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
-        all_versions()
+        everything()
     );
     assert_eq!(
         migrate::rollback(&mut conn, 5).await.unwrap(),
@@ -209,7 +237,7 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
     );
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
-        all_versions()
+        everything()
     );
     assert_eq!(
         schema_objects(&mut conn).await,
@@ -264,25 +292,27 @@ async fn concurrent_migrations_apply_once() {
     for round in 0..3 {
         let results =
             futures_util::future::join_all(conns.iter_mut().map(migrate::migrate_conn)).await;
-        let applied: Vec<Vec<i64>> = results
+        let applied: Vec<Migrated> = results
             .into_iter()
             .map(|r| {
                 r.unwrap_or_else(|e| panic!("round {round}: a concurrent migrate failed: {e}"))
             })
             .collect();
         assert_eq!(
-            applied.iter().filter(|a| **a == all_versions()).count(),
+            applied.iter().filter(|a| **a == everything()).count(),
             1,
-            "round {round}: exactly one call applied the migration: {applied:?}"
+            "round {round}: exactly one call applied the migrations: {applied:?}"
         );
         assert!(
-            applied.iter().all(|a| a.is_empty() || *a == all_versions()),
+            applied
+                .iter()
+                .all(|a| a.nothing_to_do() || *a == everything()),
             "{applied:?}"
         );
         let conn = &mut conns[0];
         assert_eq!(
             scalar(conn, "SELECT count(*) FROM pgfifo.schema_migrations").await,
-            2
+            latest()
         );
         assert_eq!(
             scalar(
@@ -295,7 +325,7 @@ async fn concurrent_migrations_apply_once() {
         assert_eq!(migrate::status(conn).await.unwrap(), status_all(true));
         if round < 2 {
             assert_eq!(
-                migrate::rollback(conn, 2).await.unwrap(),
+                migrate::rollback(conn, latest() as usize).await.unwrap(),
                 all_versions_reversed()
             );
         }
@@ -310,14 +340,15 @@ async fn runner_refuses_an_unmigrated_database() {
         .await
         .unwrap_err();
     assert!(
-        matches!(
-            err,
-            Error::SchemaOutdated {
-                found: None,
-                needed: 2
-            }
-        ),
+        matches!(err, Error::SchemaOutdated { found: None, needed } if needed == latest()),
         "expected SchemaOutdated, got {err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("missing")
+            && message.contains(&format!("needs version {}", latest()))
+            && message.contains("pgfifo migrate up"),
+        "{message}"
     );
     let mut conn = db.connect().await;
     assert_eq!(
@@ -330,39 +361,60 @@ async fn runner_refuses_an_unmigrated_database() {
         "starting a runner does not migrate silently"
     );
 
-    // Migrated then rolled back: outdated again.
+    // Migrated then rolled back to 0.1.0's version: outdated, and the
+    // message names both versions and the command.
     migrate::migrate(&pool).await.unwrap();
-    migrate::rollback(&mut conn, 2).await.unwrap();
+    migrate::rollback(&mut conn, 1).await.unwrap();
     let err = pgfifo::runner::start(pool.clone(), test_config())
         .await
         .unwrap_err();
     assert!(
-        matches!(
-            err,
-            Error::SchemaOutdated {
-                found: None,
-                needed: 2
-            }
-        ),
+        matches!(err, Error::SchemaOutdated { found: Some(2), needed } if needed == latest()),
         "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("at version 2 (pgfifo 0.1.0)")
+            && message.contains(&format!("pgfifo {}", migrate::RELEASE))
+            && message.contains("pgfifo migrate up"),
+        "{message}"
     );
 
     // A schema newer than this library: refused by the runner and by migrate.
     migrate::migrate(&pool).await.unwrap();
-    conn.batch_execute(
-        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES (3, 'from_the_future', '')",
-    )
+    let future = latest() + 1;
+    conn.batch_execute(&format!(
+        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES ({future}, 'from_the_future', '')"
+    ))
     .await
     .unwrap();
     let err = pgfifo::runner::start(pool.clone(), test_config())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::SchemaTooNew(3)), "{err:?}");
+    assert!(
+        matches!(err, Error::SchemaTooNew(v) if v == future),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("at version {future}"))
+            && message.contains(&format!("schema version {}", latest()))
+            && message.contains("migrate status"),
+        "{message}"
+    );
     let err = migrate::migrate_conn(&mut conn).await.unwrap_err();
-    assert!(matches!(err, Error::SchemaTooNew(3)), "{err:?}");
+    assert!(
+        matches!(err, Error::SchemaTooNew(v) if v == future),
+        "{err:?}"
+    );
     let status = migrate::status(&mut conn).await.unwrap();
-    assert_eq!(status.len(), 3, "{status:?}");
-    assert!(status.iter().all(|s| s.applied), "{status:?}");
+    assert_eq!(status.migrations.len(), future as usize, "{status:?}");
+    assert!(status.migrations.iter().all(|s| s.applied), "{status:?}");
+    assert_eq!(
+        status.migrations.last().unwrap().release,
+        None,
+        "unknown here"
+    );
     drop(pool);
 }
 
@@ -415,7 +467,7 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
 
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
-        all_versions()
+        everything()
     );
     check_host(&mut conn).await;
     assert_eq!(
@@ -425,7 +477,7 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
         )
         .await
         .as_deref(),
-        Some("1:init,2:operate"),
+        Some("1:init,2:operate,3:functions"),
         "pgfifo records its migrations in pgfifo.schema_migrations"
     );
     assert_eq!(
@@ -439,16 +491,18 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
     );
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
-        Vec::<i64>::new()
+        Migrated::default()
     );
     assert_eq!(
-        migrate::rollback(&mut conn, 2).await.unwrap(),
+        migrate::rollback(&mut conn, latest() as usize)
+            .await
+            .unwrap(),
         all_versions_reversed()
     );
     check_host(&mut conn).await;
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
-        all_versions()
+        everything()
     );
     check_host(&mut conn).await;
 }
@@ -467,4 +521,40 @@ async fn runner_refuses_a_schema_migrated_from_different_sql() {
         .unwrap_err();
     assert!(matches!(err, Error::SchemaMismatch(1)), "{err:?}");
     assert!(err.to_string().contains("differs"), "{err}");
+}
+
+/// Functions installed by another build (or release) are refused at start
+/// with the command to run, and `migrate` reinstalls this release's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_refuses_functions_another_build_installed() {
+    let db = TestDb::new().await;
+    db.exec("UPDATE pgfifo.schema_functions SET checksum = md5('older'), release = '0.1.9'")
+        .await;
+    let err = pgfifo::runner::start(db.pool.clone(), test_config())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::FunctionsDiffer { installed_by } if installed_by == "0.1.9"),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("installed by pgfifo 0.1.9") && message.contains("pgfifo migrate up"),
+        "{message}"
+    );
+    let mut conn = db.conn().await;
+    assert_eq!(
+        migrate::status(&mut conn).await.unwrap().functions,
+        FunctionsStatus::Different {
+            installed_by: "0.1.9".into()
+        }
+    );
+    assert_eq!(
+        migrate::migrate_conn(&mut conn).await.unwrap(),
+        Migrated {
+            applied: vec![],
+            functions_installed: true
+        }
+    );
+    migrate::check_current(&mut conn).await.unwrap();
 }

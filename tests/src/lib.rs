@@ -18,6 +18,7 @@ use pgfifo::{Job, JobId, Pool, RunnerConfig, RunnerHandle};
 
 pub mod faults;
 pub mod records;
+pub mod release_0_1_0;
 pub mod worker;
 
 /// The server tests run against.
@@ -61,6 +62,18 @@ impl TestDb {
 
     /// Like [`new`](Self::new) with a pool of `size` connections.
     pub async fn with_pool_size(size: u32) -> TestDb {
+        let template = ensure_template().await;
+        Self::create(Some(&template), size).await
+    }
+
+    /// An empty database without pgfifo's schema (from PostgreSQL's default
+    /// template), with a pool of 20: for tests that install an older
+    /// release's schema and upgrade it.
+    pub async fn unmigrated() -> TestDb {
+        Self::create(None, 20).await
+    }
+
+    async fn create(template: Option<&str>, size: u32) -> TestDb {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("PGFIFO_TEST_LOG")
@@ -68,13 +81,14 @@ impl TestDb {
             )
             .with_test_writer()
             .try_init();
-        let template = ensure_template().await;
         let name = unique_name();
         let mut admin = admin().await;
+        let create = match template {
+            Some(template) => format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""),
+            None => format!("CREATE DATABASE \"{name}\""),
+        };
         admin
-            .batch_execute(&format!(
-                "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
-            ))
+            .batch_execute(&create)
             .await
             .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
         let url = url_for(&server_url(), &name);
@@ -350,6 +364,11 @@ async fn ensure_template() -> String {
         m.version.hash(&mut hasher);
         m.up.hash(&mut hasher);
     }
+    for f in pgfifo::migrate::FUNCTIONS {
+        f.file.hash(&mut hasher);
+        f.sql.hash(&mut hasher);
+    }
+    pgfifo::migrate::RELEASE.hash(&mut hasher);
     let template = format!("pgfifo_template_{:016x}", hasher.finish());
 
     #[derive(QueryableByName)]

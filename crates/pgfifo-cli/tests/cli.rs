@@ -12,7 +12,7 @@ use support::{enqueue, fail, pgfifo, FreshDb, QUEUE};
 fn migrations(url: &str) -> Vec<(i64, bool)> {
     pgfifo(Some(url), &["migrate", "status", "--json"])
         .expect(0)
-        .json()
+        .json()["migrations"]
         .as_array()
         .expect("array")
         .iter()

@@ -5,14 +5,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use diesel_async::AsyncPgConnection;
 
-use crate::db::sql::{self, EnqueueArrays};
-use crate::registry::Registry;
-use crate::{Error, Job, JobId, Result};
-
-/// The longest queue name, in bytes.
-pub const MAX_QUEUE_LEN: usize = 128;
-/// The longest group name, in bytes.
-pub const MAX_GROUP_LEN: usize = 256;
+use crate::db;
+use crate::db::enqueue::EnqueueArrays;
+use crate::names::{validate_group, validate_queue, MAX_GROUP_LEN};
+use crate::{Error, JobId, Result};
 
 /// Options of one enqueued job. Start from [`EnqueueOptions::group`] or
 /// [`EnqueueOptions::ungrouped`].
@@ -113,23 +109,30 @@ pub struct NewJob {
     delay_us: Option<i64>,
 }
 
+/// What [`NewJob`] takes from the job's type: its kind and its defaults.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KindDefaults {
+    pub kind: &'static str,
+    pub queue: &'static str,
+    pub max_attempts: u32,
+    pub priority: i16,
+}
+
 impl NewJob {
-    /// Serializes `job` and checks its options. Fails, writing nothing, when
-    /// the queue or group name is empty or too long, an option is out of
-    /// range, or the job type is not registered in this binary.
-    pub fn new<J: Job>(job: &J, options: EnqueueOptions) -> Result<Self> {
-        let registration = Registry::global()?
-            .get(J::NAME)
-            .filter(|r| (r.type_name)() == std::any::type_name::<J>())
-            .ok_or_else(|| Error::UnknownJobType(J::NAME.to_owned()))?;
-        let queue = options
-            .queue
-            .unwrap_or_else(|| registration.queue.to_owned());
+    /// A job of a kind with `defaults` and this `payload`, with its options
+    /// checked. Fails, writing nothing, when the queue or group name is empty
+    /// or too long, or an option is out of range.
+    pub(crate) fn build(
+        defaults: KindDefaults,
+        payload: serde_json::Value,
+        options: EnqueueOptions,
+    ) -> Result<Self> {
+        let queue = options.queue.unwrap_or_else(|| defaults.queue.to_owned());
         validate_queue(&queue)?;
         if let Some(group) = &options.group {
             validate_group(group)?;
         }
-        let max_attempts = options.max_attempts.unwrap_or(registration.max_attempts);
+        let max_attempts = options.max_attempts.unwrap_or(defaults.max_attempts);
         if max_attempts == 0 || max_attempts > i32::MAX as u32 {
             return Err(Error::InvalidOption(format!(
                 "max_attempts must be between 1 and {}, got {max_attempts}",
@@ -151,13 +154,12 @@ impl NewJob {
                     .map_err(|_| Error::InvalidOption(format!("delay {d:?} is too long")))
             })
             .transpose()?;
-        let payload = serde_json::to_value(job).map_err(Error::Serialize)?;
         Ok(Self {
             queue,
             group: options.group,
-            kind: registration.name,
+            kind: defaults.kind,
             payload,
-            priority: options.priority.unwrap_or(registration.priority),
+            priority: options.priority.unwrap_or(defaults.priority),
             max_attempts: max_attempts as i32,
             unique_key: options.unique_key,
             run_at_us,
@@ -190,7 +192,7 @@ pub async fn enqueue_batch(
     for job in jobs {
         arrays.queue.push(job.queue);
         arrays.group.push(job.group);
-        arrays.kind.push(job.kind.to_owned());
+        arrays.kind.push(job.kind);
         arrays.payload.push(job.payload);
         arrays.priority.push(job.priority);
         arrays.max_attempts.push(job.max_attempts);
@@ -201,53 +203,7 @@ pub async fn enqueue_batch(
     if arrays.queue.is_empty() {
         return Ok(Vec::new());
     }
-    sql::enqueue(conn, arrays).await.map_err(|err| {
-        let message = err.to_string();
-        match message.strip_prefix("pgfifo enqueue requires READ COMMITTED isolation (found ") {
-            Some(rest) => Error::IsolationLevel(rest.trim_end_matches(')').to_owned()),
-            None => Error::Database(err),
-        }
-    })
-}
-
-pub(crate) fn validate_queue(queue: &str) -> Result<()> {
-    match name_problem(queue, MAX_QUEUE_LEN) {
-        Some(reason) => Err(Error::InvalidQueue {
-            name: truncated(queue),
-            reason,
-        }),
-        None => Ok(()),
-    }
-}
-
-pub(crate) fn validate_group(group: &str) -> Result<()> {
-    match name_problem(group, MAX_GROUP_LEN) {
-        Some(reason) => Err(Error::InvalidGroup {
-            name: truncated(group),
-            reason,
-        }),
-        None => Ok(()),
-    }
-}
-
-fn name_problem(name: &str, max: usize) -> Option<String> {
-    if name.is_empty() {
-        Some("it is empty".to_owned())
-    } else if name.len() > max {
-        Some(format!("it is longer than {max} bytes"))
-    } else if name.contains('\0') {
-        Some("it contains a NUL character".to_owned())
-    } else {
-        None
-    }
-}
-
-/// Keeps error messages short when someone passes a megabyte as a name.
-fn truncated(name: &str) -> String {
-    match name.char_indices().nth(64) {
-        Some((cut, _)) => format!("{}…", &name[..cut]),
-        None => name.to_owned(),
-    }
+    Ok(db::enqueue::enqueue(conn, arrays).await?)
 }
 
 fn micros_since_epoch(at: SystemTime) -> Result<i64> {
@@ -257,37 +213,4 @@ fn micros_since_epoch(at: SystemTime) -> Result<i64> {
         .as_micros();
     i64::try_from(micros)
         .map_err(|_| Error::InvalidOption("run_at is too far in the future".into()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_checked() {
-        assert!(validate_queue("billing").is_ok());
-        assert!(matches!(
-            validate_queue(""),
-            Err(Error::InvalidQueue { .. })
-        ));
-        assert!(matches!(
-            validate_queue(&"q".repeat(129)),
-            Err(Error::InvalidQueue { .. })
-        ));
-        assert!(validate_queue(&"q".repeat(128)).is_ok());
-        assert!(matches!(
-            validate_group(""),
-            Err(Error::InvalidGroup { .. })
-        ));
-        assert!(matches!(
-            validate_group("a\0b"),
-            Err(Error::InvalidGroup { .. })
-        ));
-        let err = validate_group(&"g".repeat(1000)).unwrap_err().to_string();
-        assert!(err.contains("longer than 256 bytes"), "{err}");
-        assert!(
-            err.len() < 200,
-            "long names are truncated in messages: {err}"
-        );
-    }
 }

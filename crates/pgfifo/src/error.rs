@@ -42,13 +42,19 @@ pub enum Error {
     /// The job payload could not be serialized to JSON.
     #[error("job payload does not serialize to JSON: {0}")]
     Serialize(#[source] serde_json::Error),
-    /// Enqueue was called in a transaction that is not READ COMMITTED. pgfifo
-    /// relies on per-statement snapshots to keep group heads exact.
-    #[error("pgfifo enqueue requires a READ COMMITTED transaction (found {0})")]
+    /// Enqueue (or an operation that changes a group) was called in a
+    /// transaction that is not READ COMMITTED, carried here. pgfifo relies on
+    /// per-statement snapshots to keep group heads exact.
+    #[error("pgfifo needs a READ COMMITTED transaction (found {0})")]
     IsolationLevel(String),
     /// The `pgfifo` schema is missing or older than this library: run
-    /// [`migrate`](crate::migrate()) (or `pgfifo migrate`).
-    #[error("the pgfifo schema is at version {found:?}, this library needs {needed}: run pgfifo::migrate")]
+    /// [`migrate`](crate::migrate()) (or `pgfifo migrate up`).
+    #[error(
+        "the pgfifo schema of this database is {}; this library (pgfifo {}) needs version {needed}: \
+         run `pgfifo migrate up` (or pgfifo::migrate) with this release",
+        schema_version(*found),
+        crate::migrate::RELEASE
+    )]
     SchemaOutdated {
         /// The newest applied migration, if any.
         found: Option<i64>,
@@ -59,17 +65,36 @@ pub enum Error {
     /// under the same version (the database was migrated by another build).
     #[error("pgfifo migration {0} in the database differs from this library's; the schema was migrated by another pgfifo build")]
     SchemaMismatch(i64),
-    /// The database schema is newer than this library knows.
+    /// The database's schema is newer than this library knows: a newer
+    /// pgfifo migrated it.
     #[error(
-        "the pgfifo schema has migration {0} which this library does not know; upgrade pgfifo"
+        "the pgfifo schema of this database is at version {found}, newer than this library \
+         (pgfifo {release}, schema version {known}) knows: a newer pgfifo migrated it; run that \
+         release (`pgfifo migrate status` lists the versions; see docs/upgrading.md)",
+        found = .0,
+        release = crate::migrate::RELEASE,
+        known = crate::migrate::latest_version()
     )]
     SchemaTooNew(i64),
-    /// No connection could be taken from the pool in time, or connecting failed.
-    #[error("could not get a database connection: {0}")]
-    Pool(String),
+    /// The database's functions are not this library's: another release or
+    /// build installed them. Run [`migrate`](crate::migrate()) with this one.
+    #[error(
+        "the pgfifo functions of this database were installed by {}, not by this library \
+         (pgfifo {}): run `pgfifo migrate up` (or pgfifo::migrate) with this release",
+        installer(installed_by),
+        crate::migrate::RELEASE
+    )]
+    FunctionsDiffer {
+        /// The release that installed them.
+        installed_by: String,
+    },
+    /// No connection could be taken from the pool in time, or the pool
+    /// could not open one.
+    #[error("could not get a database connection from the pool: {0}")]
+    Pool(#[source] bb8::RunError<diesel_async::pooled_connection::PoolError>),
     /// A database error.
     #[error("database error: {0}")]
-    Database(#[from] diesel::result::Error),
+    Database(#[source] diesel::result::Error),
     /// The database server accepted the connection but did not complete the
     /// startup exchange in time.
     #[error("the database server did not answer within {0:?}")]
@@ -116,7 +141,41 @@ pub enum Error {
 
 impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for Error {
     fn from(err: bb8::RunError<diesel_async::pooled_connection::PoolError>) -> Self {
-        Error::Pool(err.to_string())
+        Error::Pool(err)
+    }
+}
+
+/// Database errors, with pgfifo's own refusals turned into the variants
+/// that name them (told by constraint name, see `db::error`).
+impl From<diesel::result::Error> for Error {
+    fn from(err: diesel::result::Error) -> Self {
+        use crate::db::error::{detail, refusal, Refusal};
+        match refusal(&err) {
+            Some(Refusal::ReadCommitted) => {
+                Error::IsolationLevel(detail(&err).unwrap_or("another isolation level").to_owned())
+            }
+            _ => Error::Database(err),
+        }
+    }
+}
+
+/// A schema version as the errors name it: `at version 2 (pgfifo 0.1.0)`.
+fn schema_version(found: Option<i64>) -> String {
+    match found {
+        None => "missing (never migrated)".to_owned(),
+        Some(v) => match crate::migrate::release_of(v) {
+            Some(release) => format!("at version {v} (pgfifo {release})"),
+            None => format!("at version {v}"),
+        },
+    }
+}
+
+/// Who installed functions, as the errors name it.
+fn installer(release: &str) -> String {
+    if release == crate::migrate::RELEASE {
+        format!("another build of pgfifo {release}")
+    } else {
+        format!("pgfifo {release}")
     }
 }
 
@@ -126,7 +185,7 @@ pub struct RegistrationProblem {
     /// The job name (`Job::NAME`).
     pub name: String,
     /// The Rust type that registered it.
-    pub type_name: String,
+    pub rust_type: String,
     /// What is wrong.
     pub problem: String,
 }
@@ -136,7 +195,7 @@ impl fmt::Display for RegistrationProblem {
         write!(
             f,
             "job {:?} ({}): {}",
-            self.name, self.type_name, self.problem
+            self.name, self.rust_type, self.problem
         )
     }
 }

@@ -48,24 +48,32 @@
 extern crate self as pgfifo;
 
 pub mod admin;
+mod context;
 pub mod db;
 mod enqueue;
 mod error;
+mod handler;
 mod job;
+mod job_error;
 pub mod migrate;
+mod names;
 mod registry;
 pub mod runner;
 
 pub use async_trait::async_trait;
+pub use context::JobContext;
 pub use db::{connect, Pool};
 /// The diesel version pgfifo is built on, for handlers that use the job's connection.
 pub use diesel;
 /// The diesel-async version pgfifo is built on (`AsyncPgConnection`, `RunQueryDsl`).
 pub use diesel_async;
-pub use enqueue::{enqueue_batch, EnqueueOptions, NewJob, MAX_GROUP_LEN, MAX_QUEUE_LEN};
+pub use enqueue::{enqueue_batch, EnqueueOptions, NewJob};
 pub use error::{Error, RegistrationProblem, Result};
-pub use job::{FailureKind, Handler, Job, JobContext, JobError};
+pub use handler::Handler;
+pub use job::Job;
+pub use job_error::{FailureKind, JobError};
 pub use migrate::migrate;
+pub use names::{MAX_GROUP_LEN, MAX_QUEUE_LEN};
 pub use runner::{Retention, RunnerConfig, RunnerHandle};
 
 /// Derives [`Job`] for a serde type and registers its [`Handler`] with the

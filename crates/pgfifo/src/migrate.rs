@@ -1,21 +1,35 @@
-//! pgfifo's schema migrations, embedded in the library.
+//! pgfifo's schema: numbered migrations and reinstallable functions, both
+//! embedded in the library.
 //!
-//! The SQL is in `migrations/NNNN_name/{up,down}.sql` at the repository root
-//! (the crate reaches it through its `migrations` link, so it is packaged with
-//! the crate). Migrations are applied only by an explicit call ([`migrate`],
-//! or `pgfifo migrate`), never on runner start. They live in the `pgfifo`
-//! schema and are recorded in `pgfifo.schema_migrations`, apart from any
-//! migrations table of the host application.
+//! * **Migrations** (`migrations/NNNN_name/{up,down}.sql` at the repository
+//!   root, reached through the crate's `migrations` link so that they are
+//!   packaged) change tables and indexes. A released migration is never
+//!   edited: a change is a new migration.
+//! * **Functions** (`src/db/functions/*.sql`, one file per function or
+//!   family) are installed whole with `CREATE OR REPLACE`, in file order,
+//!   after the migrations, whenever the database's set differs from this
+//!   library's. Changing a function is a one-file diff. Arguments or a result
+//!   type cannot change in place: such a change is a new function, and the
+//!   old one stays, accepting the previous release's calls, until a later
+//!   release's migration drops it (see `docs/upgrading.md`).
 //!
-//! All changes run in one transaction under a transaction-level advisory lock,
-//! so runners or deploys that migrate at the same moment apply each migration
-//! once and never see a half-migrated schema.
+//! Both are applied only by an explicit call ([`migrate`], or `pgfifo
+//! migrate up`), never on runner start, in one transaction under an advisory
+//! lock: processes that migrate at the same moment apply each step once and
+//! never see a half-migrated schema. A migration waits at most 10 s for a
+//! table lock (a running job's), then fails and changes nothing. Everything
+//! lives in the `pgfifo` schema; the bookkeeping is in
+//! `pgfifo.schema_migrations` and `pgfifo.schema_functions`, apart from the
+//! host application's own migrations.
+//!
+//! A runner checks at start that the schema is exactly this library's
+//! ([`check_current`]) and refuses otherwise, naming both versions and the
+//! command to run.
 
-use diesel::sql_types::{BigInt, Text};
-use diesel::QueryableByName;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use serde::Serialize;
 
-use crate::db::Pool;
+use crate::db::{self, Pool};
 use crate::{Error, Result};
 
 /// One embedded migration.
@@ -25,6 +39,8 @@ pub struct Migration {
     pub version: i64,
     /// Its short name (the directory name without the version).
     pub name: &'static str,
+    /// The pgfifo release that introduced it.
+    pub release: &'static str,
     /// The SQL that applies it.
     pub up: &'static str,
     /// The SQL that reverts it.
@@ -36,20 +52,75 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "init",
+        release: "0.1.0",
         up: include_str!("../migrations/0001_init/up.sql"),
         down: include_str!("../migrations/0001_init/down.sql"),
     },
     Migration {
         version: 2,
         name: "operate",
+        release: "0.1.0",
         up: include_str!("../migrations/0002_operate/up.sql"),
         down: include_str!("../migrations/0002_operate/down.sql"),
     },
+    Migration {
+        version: 3,
+        name: "functions",
+        release: "0.2.0",
+        up: include_str!("../migrations/0003_functions/up.sql"),
+        down: include_str!("../migrations/0003_functions/down.sql"),
+    },
 ];
 
-/// The schema version this library needs.
+/// One source file of the schema's functions.
+#[derive(Debug, Clone, Copy)]
+pub struct FunctionSource {
+    /// The file's name in `src/db/functions/`.
+    pub file: &'static str,
+    /// Its SQL: `CREATE OR REPLACE FUNCTION` statements.
+    pub sql: &'static str,
+}
+
+macro_rules! function_sources {
+    ($($file:literal),+ $(,)?) => {
+        &[$(FunctionSource { file: $file, sql: include_str!(concat!("db/functions/", $file)) }),+]
+    };
+}
+
+/// The schema's functions, in installation order.
+pub const FUNCTIONS: &[FunctionSource] = function_sources![
+    "00_helpers.sql",
+    "10_enqueue.sql",
+    "20_promote.sql",
+    "30_advance_head.sql",
+    "40_pick.sql",
+    "50_start_attempts.sql",
+    "60_complete.sql",
+    "70_lock_group.sql",
+    "71_retry.sql",
+    "72_cancel.sql",
+    "73_skip_head.sql",
+    "74_pause.sql",
+    "75_failure_policy.sql",
+    "80_retention.sql",
+    "90_estimate.sql",
+];
+
+/// This library's release.
+pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+
+/// The schema version this library needs: its newest migration.
 pub fn latest_version() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// The release that introduced schema version `version`, if this library
+/// knows it.
+pub fn release_of(version: i64) -> Option<&'static str> {
+    MIGRATIONS
+        .iter()
+        .find(|m| m.version == version)
+        .map(|m| m.release)
 }
 
 /// The base of pgfifo's own single-key advisory locks: "pgff" in the high 32
@@ -59,97 +130,147 @@ pub fn latest_version() -> i64 {
 #[doc(hidden)]
 pub const ADVISORY_KEY_BASE: i64 = 0x7067_6666 << 32;
 
-/// The advisory lock that serializes migrations (`ADVISORY_KEY_BASE + 0`).
-const LOCK: &str = "SELECT pg_advisory_xact_lock(8099555043121823744)";
+/// The advisory lock that serializes migrations.
+const MIGRATION_LOCK: i64 = ADVISORY_KEY_BASE;
 
-const BOOKKEEPING: &str = "\
-    CREATE SCHEMA IF NOT EXISTS pgfifo;
-    CREATE TABLE IF NOT EXISTS pgfifo.schema_migrations (
-        version    bigint      PRIMARY KEY,
-        name       text        NOT NULL,
-        checksum   text        NOT NULL,
-        applied_at timestamptz NOT NULL DEFAULT now()
-    );";
-
-#[cfg(test)]
-#[test]
-fn migration_lock_uses_the_key_base() {
-    assert!(LOCK.contains(&ADVISORY_KEY_BASE.to_string()));
-}
-
-#[derive(QueryableByName)]
-struct AppliedRow {
-    #[diesel(sql_type = BigInt)]
-    version: i64,
-    #[diesel(sql_type = Text)]
-    name: String,
-    #[diesel(sql_type = Text)]
-    checksum: String,
+/// All function sources in installation order, as one text (what the
+/// recorded checksum is taken of).
+fn function_sources() -> String {
+    FUNCTIONS
+        .iter()
+        .map(|f| f.sql)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Whether one migration is applied.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MigrationStatus {
     /// The migration's version.
     pub version: i64,
     /// The migration's name.
     pub name: String,
+    /// The release that introduced it (`None`: unknown to this library).
+    pub release: Option<String>,
     /// Whether it is applied in the database.
     pub applied: bool,
 }
 
-/// Applies every pending migration. Returns the versions applied (empty when
-/// the schema was already current).
-pub async fn migrate(pool: &Pool) -> Result<Vec<i64>> {
+/// Whether the database's functions are this library's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum FunctionsStatus {
+    /// Installed from this library's sources.
+    Current,
+    /// Installed from other sources: another release's, or another build's.
+    Different {
+        /// The release that installed them.
+        installed_by: String,
+    },
+    /// No set is recorded: the schema is older than version 3 (its functions
+    /// are those of its migrations), or missing.
+    Unrecorded,
+}
+
+/// The schema of a database against this library's (see [`status`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SchemaStatus {
+    /// Every migration this library ships, and any applied one it does not
+    /// know (newer), oldest first.
+    pub migrations: Vec<MigrationStatus>,
+    /// The functions.
+    pub functions: FunctionsStatus,
+}
+
+impl SchemaStatus {
+    /// The migrations not applied yet.
+    pub fn pending(&self) -> impl Iterator<Item = &MigrationStatus> {
+        self.migrations.iter().filter(|m| !m.applied)
+    }
+
+    /// Whether [`migrate`] has nothing to do.
+    pub fn is_current(&self) -> bool {
+        self.pending().next().is_none() && self.functions == FunctionsStatus::Current
+    }
+}
+
+/// What [`migrate`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Migrated {
+    /// The versions of the migrations it applied, oldest first.
+    pub applied: Vec<i64>,
+    /// Whether it installed the functions.
+    pub functions_installed: bool,
+}
+
+impl Migrated {
+    /// Whether the schema was current already.
+    pub fn nothing_to_do(&self) -> bool {
+        self.applied.is_empty() && !self.functions_installed
+    }
+}
+
+/// Applies every pending migration, then installs the functions if the
+/// database's set is not this library's.
+pub async fn migrate(pool: &Pool) -> Result<Migrated> {
     let mut conn = pool.get().await?;
     migrate_conn(&mut conn).await
 }
 
 /// [`migrate`] on a connection you already hold (not inside a transaction).
-pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Vec<i64>> {
+pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Migrated> {
     conn.transaction::<_, Error, _>(async |conn| {
-        lock_and_prepare(conn).await?;
-        let applied = applied(conn).await?;
+        db::migrate::lock_and_prepare(conn, MIGRATION_LOCK).await?;
+        let applied = db::migrate::applied(conn).await?.unwrap_or_default();
         if let Some(newest) = applied.last() {
             if newest.version > latest_version() {
                 return Err(Error::SchemaTooNew(newest.version));
             }
         }
-        let mut done = Vec::new();
+        let mut done = Migrated::default();
         for m in MIGRATIONS {
             if applied.iter().any(|a| a.version == m.version) {
                 continue;
             }
-            conn.batch_execute(m.up).await?;
-            record(conn, m).await?;
+            db::migrate::run_script(conn, m.up).await?;
+            db::migrate::record(conn, m.version, m.name, m.up).await?;
             tracing::info!(
                 version = m.version,
                 name = m.name,
                 "applied pgfifo migration"
             );
-            done.push(m.version);
+            done.applied.push(m.version);
+        }
+        let sources = function_sources();
+        let ours = db::migrate::md5(conn, &sources).await?;
+        let installed = db::migrate::installed_functions(conn).await?;
+        if installed.is_none_or(|f| f.checksum != ours) {
+            for source in FUNCTIONS {
+                db::migrate::run_script(conn, source.sql).await?;
+            }
+            db::migrate::record_functions(conn, &sources, RELEASE).await?;
+            tracing::info!(release = RELEASE, "installed pgfifo functions");
+            done.functions_installed = true;
         }
         Ok(done)
     })
     .await
 }
 
-/// Reverts the newest `steps` applied migrations. Returns the versions reverted.
+/// Reverts the newest `steps` applied migrations. Returns the versions
+/// reverted. The functions stay as installed (see `docs/upgrading.md`).
 pub async fn rollback(conn: &mut AsyncPgConnection, steps: usize) -> Result<Vec<i64>> {
     conn.transaction::<_, Error, _>(async |conn| {
-        lock_and_prepare(conn).await?;
-        let applied = applied(conn).await?;
+        db::migrate::lock_and_prepare(conn, MIGRATION_LOCK).await?;
+        let applied = db::migrate::applied(conn).await?.unwrap_or_default();
         let mut done = Vec::new();
         for row in applied.iter().rev().take(steps) {
             let m = MIGRATIONS
                 .iter()
                 .find(|m| m.version == row.version)
                 .ok_or(Error::SchemaTooNew(row.version))?;
-            conn.batch_execute(m.down).await?;
-            diesel::sql_query("DELETE FROM pgfifo.schema_migrations WHERE version = $1")
-                .bind::<BigInt, _>(m.version)
-                .execute(conn)
-                .await?;
+            db::migrate::run_script(conn, m.down).await?;
+            db::migrate::forget(conn, m.version).await?;
             tracing::info!(
                 version = m.version,
                 name = m.name,
@@ -162,102 +283,82 @@ pub async fn rollback(conn: &mut AsyncPgConnection, steps: usize) -> Result<Vec<
     .await
 }
 
-/// Lists every known migration and whether it is applied.
-pub async fn status(conn: &mut AsyncPgConnection) -> Result<Vec<MigrationStatus>> {
-    let applied: Vec<AppliedRow> = applied_if_any(conn).await?.unwrap_or_default();
-    let mut out: Vec<MigrationStatus> = MIGRATIONS
+/// Lists every known migration and whether it is applied, and whether the
+/// functions are this library's.
+pub async fn status(conn: &mut AsyncPgConnection) -> Result<SchemaStatus> {
+    let applied = db::migrate::applied(conn).await?.unwrap_or_default();
+    let mut migrations: Vec<MigrationStatus> = MIGRATIONS
         .iter()
         .map(|m| MigrationStatus {
             version: m.version,
             name: m.name.to_owned(),
+            release: Some(m.release.to_owned()),
             applied: applied.iter().any(|a| a.version == m.version),
         })
         .collect();
     for a in applied {
-        if !MIGRATIONS.iter().any(|m| m.version == a.version) {
-            out.push(MigrationStatus {
+        if release_of(a.version).is_none() {
+            migrations.push(MigrationStatus {
                 version: a.version,
                 name: a.name,
+                release: None,
                 applied: true,
             });
         }
     }
-    Ok(out)
+    let functions = functions_status(conn).await?;
+    Ok(SchemaStatus {
+        migrations,
+        functions,
+    })
 }
 
-/// Fails unless the database has exactly the migrations this library ships,
-/// with the same SQL (each applied migration's checksum is compared).
+async fn functions_status(conn: &mut AsyncPgConnection) -> Result<FunctionsStatus> {
+    Ok(match db::migrate::installed_functions(conn).await? {
+        None => FunctionsStatus::Unrecorded,
+        Some(installed) => {
+            if installed.checksum == db::migrate::md5(conn, &function_sources()).await? {
+                FunctionsStatus::Current
+            } else {
+                FunctionsStatus::Different {
+                    installed_by: installed.release,
+                }
+            }
+        }
+    })
+}
+
+/// Fails unless the database has exactly this library's schema: every
+/// migration it ships applied with the same SQL (checksums compared), none
+/// newer, and its functions installed. Each error names the database's
+/// version, this library's, and what to run.
 pub async fn check_current(conn: &mut AsyncPgConnection) -> Result<()> {
-    #[derive(QueryableByName)]
-    struct Sum {
-        #[diesel(sql_type = Text)]
-        sum: String,
-    }
-    let applied = applied_if_any(conn).await?.unwrap_or_default();
+    let applied = db::migrate::applied(conn).await?.unwrap_or_default();
     for row in &applied {
         if let Some(m) = MIGRATIONS.iter().find(|m| m.version == row.version) {
-            let ours: Sum = diesel::sql_query("SELECT md5($1) AS sum")
-                .bind::<Text, _>(m.up)
-                .get_result(conn)
-                .await?;
-            if ours.sum != row.checksum {
+            if db::migrate::md5(conn, m.up).await? != row.checksum {
                 return Err(Error::SchemaMismatch(row.version));
             }
         }
     }
-    let newest = applied.last().map(|a| a.version);
-    match newest {
-        Some(v) if v == latest_version() => Ok(()),
-        Some(v) if v > latest_version() => Err(Error::SchemaTooNew(v)),
-        found => Err(Error::SchemaOutdated {
-            found,
+    match applied.last().map(|a| a.version) {
+        Some(v) if v > latest_version() => return Err(Error::SchemaTooNew(v)),
+        Some(v) if v == latest_version() => {}
+        found => {
+            return Err(Error::SchemaOutdated {
+                found,
+                needed: latest_version(),
+            })
+        }
+    }
+    match functions_status(conn).await? {
+        FunctionsStatus::Current => Ok(()),
+        FunctionsStatus::Different { installed_by } => Err(Error::FunctionsDiffer { installed_by }),
+        FunctionsStatus::Unrecorded => Err(Error::SchemaOutdated {
+            found: applied.last().map(|a| a.version),
             needed: latest_version(),
         }),
     }
-}
-
-async fn lock_and_prepare(conn: &mut AsyncPgConnection) -> Result<()> {
-    conn.batch_execute(LOCK).await?;
-    conn.batch_execute(BOOKKEEPING).await?;
-    Ok(())
-}
-
-async fn applied(conn: &mut AsyncPgConnection) -> Result<Vec<AppliedRow>> {
-    Ok(diesel::sql_query(
-        "SELECT version, name, checksum FROM pgfifo.schema_migrations ORDER BY version",
-    )
-    .load(conn)
-    .await?)
-}
-
-/// The applied migrations, or `None` when pgfifo was never migrated here.
-async fn applied_if_any(conn: &mut AsyncPgConnection) -> Result<Option<Vec<AppliedRow>>> {
-    #[derive(QueryableByName)]
-    struct Exists {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        exists: bool,
-    }
-    let exists: Exists =
-        diesel::sql_query("SELECT to_regclass('pgfifo.schema_migrations') IS NOT NULL AS exists")
-            .get_result(conn)
-            .await?;
-    if exists.exists {
-        Ok(Some(applied(conn).await?))
-    } else {
-        Ok(None)
-    }
-}
-
-async fn record(conn: &mut AsyncPgConnection, m: &Migration) -> Result<()> {
-    diesel::sql_query(
-        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES ($1, $2, md5($3))",
-    )
-    .bind::<BigInt, _>(m.version)
-    .bind::<Text, _>(m.name)
-    .bind::<Text, _>(m.up)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -280,5 +381,33 @@ mod tests {
         for (i, m) in MIGRATIONS.iter().enumerate() {
             assert_eq!(m.version, i as i64 + 1, "versions increase by one");
         }
+    }
+
+    #[test]
+    fn every_function_file_is_installed_in_name_order() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/db/functions");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("functions directory")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        let embedded: Vec<&str> = FUNCTIONS.iter().map(|f| f.file).collect();
+        assert_eq!(files, embedded);
+    }
+
+    #[test]
+    fn function_files_replace_rather_than_create() {
+        for f in FUNCTIONS {
+            let creates = f.sql.matches("CREATE FUNCTION").count();
+            assert_eq!(creates, 0, "{}: use CREATE OR REPLACE FUNCTION", f.file);
+            assert!(f.sql.contains("CREATE OR REPLACE FUNCTION"), "{}", f.file);
+        }
+    }
+
+    #[test]
+    fn releases_are_known_for_every_version() {
+        assert_eq!(release_of(2), Some("0.1.0"));
+        assert_eq!(release_of(latest_version()), Some(RELEASE));
+        assert_eq!(release_of(latest_version() + 1), None);
     }
 }

@@ -11,32 +11,28 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use crate::enqueue::{MAX_GROUP_LEN, MAX_QUEUE_LEN};
+use crate::context::JobContext;
 use crate::error::{Error, RegistrationProblem};
-use crate::job::{Handler, JobContext, JobError};
+use crate::handler::Handler;
+use crate::job_error::JobError;
+use crate::names::{MAX_GROUP_LEN, MAX_QUEUE_LEN};
 
-/// Runs a handler on a raw JSON payload: deserializes, then calls `handle`.
+/// Runs a handler on a raw JSON payload: deserializes, then calls `handle`
+/// (see [`run_erased`]).
 pub(crate) type RunFn = for<'a, 'b> fn(
     &'a serde_json::Value,
     &'a mut JobContext<'b>,
-) -> BoxFuture<'a, Result<(), RunFailure>>;
+) -> BoxFuture<'a, Result<(), JobError>>;
 
-/// Why a run failed before or inside the handler.
-#[derive(Debug)]
-pub(crate) enum RunFailure {
-    /// The stored payload does not deserialize into the job type.
-    BadPayload(serde_json::Error),
-    /// The handler returned an error.
-    Handler(JobError),
-}
-
-/// One job type as the derive registers it. Built in a `const` context.
+/// One job type as the derive registers it (with [`Registration::of`]).
+/// Built in a `const` context.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Registration {
     pub(crate) name: &'static str,
     pub(crate) queue: &'static str,
-    pub(crate) type_name: fn() -> &'static str,
+    /// The Rust type's name, for messages.
+    pub(crate) rust_type: fn() -> &'static str,
     pub(crate) max_attempts: u32,
     pub(crate) timeout: Option<Duration>,
     pub(crate) backoff: Duration,
@@ -45,12 +41,13 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// The registration of handler type `T`.
+    /// The registration of handler type `T` (built by the derive, in a
+    /// `const` context).
     pub const fn of<T: Handler>() -> Self {
         Self {
             name: T::NAME,
             queue: T::QUEUE,
-            type_name: std::any::type_name::<T>,
+            rust_type: std::any::type_name::<T>,
             max_attempts: T::MAX_ATTEMPTS,
             timeout: T::TIMEOUT,
             backoff: T::BACKOFF,
@@ -60,17 +57,24 @@ impl Registration {
     }
 }
 
-inventory::collect!(Registration);
-
+/// Deserializes the payload into `T` and runs its handler. A payload that
+/// does not deserialize is a permanent failure: retrying cannot fix it.
 fn run_erased<'a, 'b, T: Handler>(
     payload: &'a serde_json::Value,
     ctx: &'a mut JobContext<'b>,
-) -> BoxFuture<'a, Result<(), RunFailure>> {
+) -> BoxFuture<'a, Result<(), JobError>> {
     Box::pin(async move {
-        let job = T::deserialize(payload).map_err(RunFailure::BadPayload)?;
-        job.handle(ctx).await.map_err(RunFailure::Handler)
+        let job = T::deserialize(payload).map_err(|err| {
+            JobError::permanent(format!(
+                "the payload does not deserialize into {}: {err}",
+                std::any::type_name::<T>()
+            ))
+        })?;
+        job.handle(ctx).await
     })
 }
+
+inventory::collect!(Registration);
 
 /// The validated set of job types, keyed by name.
 #[derive(Debug)]
@@ -93,14 +97,14 @@ impl Registry {
         registrations: impl IntoIterator<Item = &'static Registration> + 'a,
     ) -> Result<Registry, Vec<RegistrationProblem>> {
         let mut all: Vec<&'static Registration> = registrations.into_iter().collect();
-        all.sort_by(|a, b| (a.name, (a.type_name)()).cmp(&(b.name, (b.type_name)())));
+        all.sort_by(|a, b| (a.name, (a.rust_type)()).cmp(&(b.name, (b.rust_type)())));
         let mut problems = Vec::new();
         let mut by_name = BTreeMap::new();
         for reg in all {
             if let Some(problem) = invalid_reason(reg) {
                 problems.push(RegistrationProblem {
                     name: reg.name.to_owned(),
-                    type_name: (reg.type_name)().to_owned(),
+                    rust_type: (reg.rust_type)().to_owned(),
                     problem,
                 });
                 continue;
@@ -108,8 +112,8 @@ impl Registry {
             if let Some(first) = by_name.insert(reg.name, reg) {
                 problems.push(RegistrationProblem {
                     name: reg.name.to_owned(),
-                    type_name: (reg.type_name)().to_owned(),
-                    problem: format!("the name is already used by `{}`", (first.type_name)()),
+                    rust_type: (reg.rust_type)().to_owned(),
+                    problem: format!("the name is already used by `{}`", (first.rust_type)()),
                 });
             }
         }

@@ -1,19 +1,18 @@
 //! `pgfifo migrate up | down N | status`.
 
 use pgfifo::diesel_async::AsyncPgConnection;
-use pgfifo::migrate::{self, MIGRATIONS};
+use pgfifo::migrate::{self, FunctionsStatus, MigrationStatus, SchemaStatus, MIGRATIONS};
 use serde::Serialize;
 
 use crate::error::{CliError, CliResult};
 use crate::output::{plural, yes_no, Output, Table};
 
-/// A migration as reported by the commands (`pgfifo::migrate::MigrationStatus`
-/// has no `Serialize`).
+/// A migration as `up` and `down` report it.
 #[derive(Debug, Serialize)]
 struct MigrationLine {
     version: i64,
     name: String,
-    applied: bool,
+    release: Option<String>,
 }
 
 /// The result of `up` and `down`: the migrations applied or reverted.
@@ -22,46 +21,61 @@ struct Change {
     /// `applied` or `reverted`.
     action: &'static str,
     migrations: Vec<MigrationLine>,
+    /// Whether `up` installed the functions.
+    functions_installed: bool,
 }
 
 /// The known migration with this version, as a line.
-fn line(version: i64, applied: bool) -> MigrationLine {
+fn line(version: i64) -> MigrationLine {
+    let known = MIGRATIONS.iter().find(|m| m.version == version);
     MigrationLine {
         version,
-        name: MIGRATIONS
-            .iter()
-            .find(|m| m.version == version)
-            .map_or("?", |m| m.name)
-            .to_owned(),
-        applied,
+        name: known.map_or("?", |m| m.name).to_owned(),
+        release: known.map(|m| m.release.to_owned()),
     }
 }
 
-/// Renders `migrations` as a VERSION / NAME table.
+/// Renders `migrations` as a VERSION / NAME / RELEASE table.
 fn versions(migrations: &[MigrationLine]) -> String {
-    let mut table = Table::new(&["VERSION", "NAME"]);
+    let mut table = Table::new(&["VERSION", "NAME", "RELEASE"]);
     for m in migrations {
-        table.row(vec![m.version.to_string(), m.name.clone()]);
+        table.row(vec![
+            m.version.to_string(),
+            m.name.clone(),
+            m.release.clone().unwrap_or_else(|| "?".into()),
+        ]);
     }
     table.render()
 }
 
-/// `pgfifo migrate up`: applies every pending migration.
+/// `pgfifo migrate up`: applies every pending migration and installs the
+/// functions if they are not this release's.
 pub async fn up(conn: &mut AsyncPgConnection, out: Output) -> CliResult {
-    let applied = migrate::migrate_conn(conn).await?;
+    let migrated = migrate::migrate_conn(conn).await?;
     let change = Change {
         action: "applied",
-        migrations: applied.into_iter().map(|v| line(v, true)).collect(),
+        migrations: migrated.applied.iter().map(|&v| line(v)).collect(),
+        functions_installed: migrated.functions_installed,
     };
     out.emit(&change, |c| {
-        if c.migrations.is_empty() {
-            format!(
-                "the schema is up to date (version {})",
-                migrate::latest_version()
-            )
-        } else {
-            format!("applied:\n{}", versions(&c.migrations))
+        let mut text = Vec::new();
+        if !c.migrations.is_empty() {
+            text.push(format!("applied:\n{}", versions(&c.migrations)));
         }
+        if c.functions_installed {
+            text.push(format!(
+                "installed the functions of pgfifo {}",
+                migrate::RELEASE
+            ));
+        }
+        if text.is_empty() {
+            text.push(format!(
+                "the schema is up to date (version {}, pgfifo {})",
+                migrate::latest_version(),
+                migrate::RELEASE
+            ));
+        }
+        text.join("\n")
     })
 }
 
@@ -70,7 +84,8 @@ pub async fn up(conn: &mut AsyncPgConnection, out: Output) -> CliResult {
 pub async fn down(conn: &mut AsyncPgConnection, out: Output, n: usize) -> CliResult {
     let applied = migrate::status(conn)
         .await?
-        .into_iter()
+        .migrations
+        .iter()
         .filter(|m| m.applied)
         .count();
     if n > applied {
@@ -83,41 +98,63 @@ pub async fn down(conn: &mut AsyncPgConnection, out: Output, n: usize) -> CliRes
     let reverted = migrate::rollback(conn, n).await?;
     let change = Change {
         action: "reverted",
-        migrations: reverted.into_iter().map(|v| line(v, false)).collect(),
+        migrations: reverted.into_iter().map(line).collect(),
+        functions_installed: false,
     };
     out.emit(&change, |c| {
-        format!("reverted:\n{}", versions(&c.migrations))
+        format!(
+            "reverted:\n{}\n(the functions stay as installed; see docs/upgrading.md)",
+            versions(&c.migrations)
+        )
     })
 }
 
-/// `pgfifo migrate status`: every known migration and whether it is applied.
+/// `pgfifo migrate status`: every known migration and whether it is
+/// applied, and whether the functions are this release's.
 pub async fn status(conn: &mut AsyncPgConnection, out: Output) -> CliResult {
-    let lines: Vec<MigrationLine> = migrate::status(conn)
-        .await?
-        .into_iter()
-        .map(|m| MigrationLine {
-            version: m.version,
-            name: m.name,
-            applied: m.applied,
-        })
-        .collect();
-    out.emit(&lines, |lines| {
-        let mut table = Table::new(&["VERSION", "NAME", "APPLIED"]);
-        for m in lines {
-            table.row(vec![
-                m.version.to_string(),
-                m.name.clone(),
-                yes_no(m.applied),
-            ]);
+    let status = migrate::status(conn).await?;
+    out.emit(&status, render_status)
+}
+
+fn render_status(status: &SchemaStatus) -> String {
+    let mut table = Table::new(&["VERSION", "NAME", "RELEASE", "APPLIED"]);
+    for MigrationStatus {
+        version,
+        name,
+        release,
+        applied,
+    } in &status.migrations
+    {
+        table.row(vec![
+            version.to_string(),
+            name.clone(),
+            release.clone().unwrap_or_else(|| "(newer)".into()),
+            yes_no(*applied),
+        ]);
+    }
+    let functions = match &status.functions {
+        FunctionsStatus::Current => format!("functions: pgfifo {}'s", migrate::RELEASE),
+        FunctionsStatus::Different { installed_by } => {
+            format!("functions: installed by pgfifo {installed_by}, not by this release")
         }
-        let pending = lines.iter().filter(|m| !m.applied).count();
-        let summary = match pending {
-            0 => "the schema is up to date".to_owned(),
-            n => format!(
-                "{n} pending migration{}: run `pgfifo migrate up`",
-                plural(n)
-            ),
-        };
-        format!("{}\n{summary}", table.render())
-    })
+        FunctionsStatus::Unrecorded => "functions: those of the migrations applied".to_owned(),
+    };
+    let pending = status.pending().count();
+    let newer = status.migrations.iter().any(|m| m.release.is_none());
+    let summary = if newer {
+        format!(
+            "the database has migrations this release (pgfifo {}) does not know: run the newer release",
+            migrate::RELEASE
+        )
+    } else if status.is_current() {
+        "the schema is up to date".to_owned()
+    } else if pending > 0 {
+        format!(
+            "{pending} pending migration{}: run `pgfifo migrate up`",
+            plural(pending)
+        )
+    } else {
+        "the functions are not this release's: run `pgfifo migrate up`".to_owned()
+    };
+    format!("{}\n{functions}\n{summary}", table.render())
 }

@@ -35,14 +35,15 @@
 //! # }
 //! ```
 
-mod inspect;
+mod groups;
+mod jobs;
 mod ops;
 mod status;
 mod time;
 
-pub use inspect::{
-    groups, job, jobs, AttemptInfo, GroupInfo, GroupQuery, GroupState, JobDetail, JobQuery,
-    JobStateFilter, JobStatus, JobSummary,
+pub use groups::{groups, GroupInfo, GroupQuery, GroupState};
+pub use jobs::{
+    job, jobs, AttemptInfo, JobDetail, JobQuery, JobStateFilter, JobStatus, JobSummary,
 };
 pub use ops::{
     cancel_job, clean_groups, pause_group, pause_queue, purge, purge_batch, resume_group,

@@ -1,16 +1,17 @@
 //! Operations that change jobs and groups: retry, cancel, skip a head, pause
 //! and resume, failure policy, purge. Each is one call of a schema function
-//! (`migrations/0002_operate/up.sql`, where the locking of each is described)
-//! and none waits for a running job.
+//! (`src/db/functions/`, where the locking of each is described) and none
+//! waits for a running job.
 
 use std::time::Duration;
 
-use diesel::sql_types::{Array, BigInt, Bool, Double, Integer, Nullable, Text};
-use diesel::QueryableByName;
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
-use crate::enqueue::{validate_group, validate_queue};
+use crate::db;
+use crate::db::admin::ops::RetryRow;
+use crate::db::error::{refusal, Refusal};
+use crate::names::{validate_group, validate_queue};
 use crate::{Error, JobId, Result};
 
 /// What a queue's permanently failed head does to its group.
@@ -72,14 +73,6 @@ pub struct Retried {
     pub result: RetryResult,
 }
 
-#[derive(QueryableByName)]
-struct RetryRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Text)]
-    result: String,
-}
-
 fn retry_report(rows: Vec<RetryRow>) -> Vec<Retried> {
     let mut report: Vec<Retried> = rows
         .into_iter()
@@ -108,11 +101,7 @@ fn retry_report(rows: Vec<RetryRow>) -> Vec<Retried> {
 /// Returns one line per distinct id, in id order; ids that were not failed
 /// are reported and left alone.
 pub async fn retry_jobs(conn: &mut AsyncPgConnection, ids: &[JobId]) -> Result<Vec<Retried>> {
-    let rows: Vec<RetryRow> = diesel::sql_query("SELECT id, result FROM pgfifo.retry_jobs($1)")
-        .bind::<Array<BigInt>, _>(ids)
-        .load(conn)
-        .await?;
-    Ok(retry_report(rows))
+    Ok(retry_report(db::admin::ops::retry_jobs(conn, ids).await?))
 }
 
 /// Retries every failed job of `queue` (of one group if `group` is given),
@@ -126,30 +115,9 @@ pub async fn retry_failed(
     if let Some(group) = group {
         validate_group(group)?;
     }
-    let rows: Vec<RetryRow> = diesel::sql_query(
-        "SELECT id, result FROM pgfifo.retry_jobs(ARRAY(
-             SELECT j.id FROM pgfifo.job AS j
-             WHERE j.queue = $1 AND j.state = 'failed'
-               AND ($2::text IS NULL OR j.group_id = $2)
-             ORDER BY j.id))",
-    )
-    .bind::<Text, _>(queue)
-    .bind::<Nullable<Text>, _>(group)
-    .load(conn)
-    .await?;
-    Ok(retry_report(rows))
-}
-
-#[derive(QueryableByName)]
-struct TextRow {
-    #[diesel(sql_type = Text)]
-    value: String,
-}
-
-#[derive(QueryableByName)]
-struct StateRow {
-    #[diesel(sql_type = Text)]
-    state: String,
+    Ok(retry_report(
+        db::admin::ops::retry_failed(conn, queue, group).await?,
+    ))
 }
 
 /// Cancels a job that has not run to an outcome yet (waiting, scheduled, or
@@ -163,33 +131,19 @@ pub async fn cancel_job(
     id: JobId,
     reason: Option<&str>,
 ) -> Result<()> {
-    let row: TextRow = diesel::sql_query("SELECT pgfifo.cancel_job($1, $2) AS value")
-        .bind::<BigInt, _>(id)
-        .bind::<Nullable<Text>, _>(reason)
-        .get_result(conn)
-        .await?;
-    match row.value.as_str() {
+    match db::admin::ops::cancel_job(conn, id, reason).await?.as_str() {
         "cancelled" => Ok(()),
         "missing" => Err(Error::JobNotFound(id)),
         "running" => Err(Error::JobRunning(id)),
-        _ => {
-            let state: StateRow = diesel::sql_query("SELECT state FROM pgfifo.job WHERE id = $1")
-                .bind::<BigInt, _>(id)
-                .get_result(conn)
-                .await?;
-            Err(Error::JobState {
+        _ => match db::admin::ops::job_state(conn, id).await? {
+            Some(state) => Err(Error::JobState {
                 id,
-                state: state.state,
+                state,
                 needed: "only a job that has not finished can be cancelled".into(),
-            })
-        }
+            }),
+            None => Err(Error::JobNotFound(id)),
+        },
     }
-}
-
-#[derive(QueryableByName)]
-struct OptIdRow {
-    #[diesel(sql_type = Nullable<BigInt>)]
-    id: Option<i64>,
 }
 
 /// Marks the head of a group failed (a held head is failed already), with
@@ -207,71 +161,31 @@ pub async fn skip_head(
 ) -> Result<Option<JobId>> {
     validate_queue(queue)?;
     validate_group(group)?;
-    let result = diesel::sql_query("SELECT pgfifo.skip_head($1, $2, $3) AS id")
-        .bind::<Text, _>(queue)
-        .bind::<Text, _>(group)
-        .bind::<Nullable<Text>, _>(reason)
-        .get_result::<OptIdRow>(conn)
-        .await;
-    match result {
-        Ok(row) => Ok(row.id),
-        Err(diesel::result::Error::DatabaseError(_, info))
-            if info.message().contains("is running") =>
-        {
-            Err(Error::GroupBusy {
-                queue: queue.into(),
-                group: group.into(),
-            })
-        }
+    match db::admin::ops::skip_head(conn, queue, group, reason).await {
+        Ok(skipped) => Ok(skipped),
+        Err(err) if refusal(&err) == Some(Refusal::GroupBusy) => Err(Error::GroupBusy {
+            queue: queue.into(),
+            group: group.into(),
+        }),
         Err(err) => Err(err.into()),
     }
-}
-
-#[derive(QueryableByName)]
-struct BoolRow {
-    #[diesel(sql_type = Nullable<Bool>)]
-    value: Option<bool>,
 }
 
 /// Pauses one group: no job of it starts until [`resume_group`]. A job of
 /// it that is running now finishes normally; the group's jobs stay queued and
 /// new ones are accepted. Returns `false` if it was paused already.
 pub async fn pause_group(conn: &mut AsyncPgConnection, queue: &str, group: &str) -> Result<bool> {
-    group_call(
-        conn,
-        "SELECT pgfifo.pause_group($1, $2) AS value",
-        queue,
-        group,
-    )
-    .await
+    validate_queue(queue)?;
+    validate_group(group)?;
+    Ok(db::admin::ops::pause_group(conn, queue, group).await?)
 }
 
 /// Resumes a paused group: its oldest queued job runs next. Returns `false`
 /// if it was not paused.
 pub async fn resume_group(conn: &mut AsyncPgConnection, queue: &str, group: &str) -> Result<bool> {
-    group_call(
-        conn,
-        "SELECT pgfifo.resume_group($1, $2) AS value",
-        queue,
-        group,
-    )
-    .await
-}
-
-async fn group_call(
-    conn: &mut AsyncPgConnection,
-    sql: &str,
-    queue: &str,
-    group: &str,
-) -> Result<bool> {
     validate_queue(queue)?;
     validate_group(group)?;
-    let row: BoolRow = diesel::sql_query(sql)
-        .bind::<Text, _>(queue)
-        .bind::<Text, _>(group)
-        .get_result(conn)
-        .await?;
-    Ok(row.value.unwrap_or(false))
+    Ok(db::admin::ops::resume_group(conn, queue, group).await?)
 }
 
 /// Pauses a whole queue: no job of it starts until [`resume_queue`]; jobs
@@ -289,18 +203,7 @@ pub async fn resume_queue(conn: &mut AsyncPgConnection, queue: &str) -> Result<b
 /// Sets the paused flag; returns the previous one.
 async fn set_queue_paused(conn: &mut AsyncPgConnection, queue: &str, paused: bool) -> Result<bool> {
     validate_queue(queue)?;
-    let row: BoolRow = diesel::sql_query("SELECT pgfifo.set_queue_paused($1, $2) AS value")
-        .bind::<Text, _>(queue)
-        .bind::<Bool, _>(paused)
-        .get_result(conn)
-        .await?;
-    Ok(row.value.unwrap_or(false))
-}
-
-#[derive(QueryableByName)]
-struct CountRow {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
+    Ok(db::admin::ops::set_queue_paused(conn, queue, paused).await?)
 }
 
 /// Sets what a permanently failed head does to its group in `queue` (every
@@ -313,12 +216,8 @@ pub async fn set_failure_policy(
     policy: FailurePolicy,
 ) -> Result<u64> {
     validate_queue(queue)?;
-    let row: CountRow = diesel::sql_query("SELECT pgfifo.set_failure_policy($1, $2)::bigint AS n")
-        .bind::<Text, _>(queue)
-        .bind::<Text, _>(policy.as_str())
-        .get_result(conn)
-        .await?;
-    Ok(row.n.unsigned_abs())
+    let released = db::admin::ops::set_failure_policy(conn, queue, policy.as_str()).await?;
+    Ok(released.unsigned_abs())
 }
 
 /// The final states [`purge`] may delete.
@@ -369,18 +268,6 @@ impl FinishedState {
 /// The default number of rows [`purge`] looks at per transaction.
 pub const PURGE_BATCH: i32 = 1_000;
 
-#[derive(QueryableByName)]
-struct PurgeRow {
-    #[diesel(sql_type = BigInt)]
-    deleted: i64,
-    #[diesel(sql_type = BigInt)]
-    last_id: i64,
-    #[diesel(sql_type = Bool)]
-    done: bool,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    first_pending: Option<i64>,
-}
-
 /// What one [`purge_batch`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PurgeBatch {
@@ -414,16 +301,7 @@ pub async fn purge_batch(
         )));
     }
     let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-    let row: PurgeRow = diesel::sql_query(
-        "SELECT deleted, last_id, done, first_pending FROM pgfifo.purge_jobs(
-             now() - make_interval(secs => $1), $2, $3, $4)",
-    )
-    .bind::<Double, _>(older_than.as_secs_f64())
-    .bind::<Array<Text>, _>(states)
-    .bind::<BigInt, _>(after_id)
-    .bind::<Integer, _>(batch)
-    .get_result(conn)
-    .await?;
+    let row = db::admin::ops::purge_batch(conn, older_than, &states, after_id, batch).await?;
     Ok(PurgeBatch {
         deleted: row.deleted.unsigned_abs(),
         last_id: row.last_id,
@@ -459,11 +337,6 @@ pub async fn clean_groups(
     idle_for: Duration,
     limit: i32,
 ) -> Result<u64> {
-    let row: CountRow =
-        diesel::sql_query("SELECT pgfifo.clean_groups(now() - make_interval(secs => $1), $2) AS n")
-            .bind::<Double, _>(idle_for.as_secs_f64())
-            .bind::<Integer, _>(limit)
-            .get_result(conn)
-            .await?;
-    Ok(row.n.unsigned_abs())
+    let cleaned = db::admin::ops::clean_groups(conn, idle_for, limit).await?;
+    Ok(cleaned.unsigned_abs())
 }

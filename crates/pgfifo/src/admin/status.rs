@@ -10,24 +10,18 @@
 
 use std::time::Duration;
 
-use diesel::sql_types::{BigInt, Bool, Jsonb, Nullable, Text};
-use diesel::QueryableByName;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use super::ops::FailurePolicy;
 use super::time::{age_from_micros, ser_opt_secs};
-use crate::enqueue::validate_queue;
+use crate::db;
+use crate::db::admin::status::BlockedRow;
+use crate::names::validate_queue;
 use crate::Result;
 
 /// Counting stops here: a larger figure is an estimate.
 pub const COUNT_CAP: i64 = 2_000_000;
-
-/// Settings of the status transaction (see [`queue_status`]).
-const COUNTING_SETTINGS: &str = "SET LOCAL enable_bitmapscan = off;
-     SET LOCAL enable_seqscan = off;
-     SET LOCAL enable_sort = off;
-     SET LOCAL jit = off;";
 
 /// How recent a runner's heartbeat must be for it to count as alive.
 pub const RUNNER_ALIVE: Duration = Duration::from_secs(30);
@@ -66,6 +60,16 @@ impl BlockedGroups {
     /// All blocked groups.
     pub fn total(&self) -> i64 {
         self.paused + self.held + self.retrying
+    }
+}
+
+impl From<BlockedRow> for BlockedGroups {
+    fn from(row: BlockedRow) -> Self {
+        BlockedGroups {
+            paused: row.paused_groups,
+            held: row.held_groups,
+            retrying: row.retrying_groups,
+        }
     }
 }
 
@@ -118,173 +122,7 @@ pub struct QueueStatus {
 /// to activate them), unfinished ungrouped or failed jobs, a setting, or a
 /// live runner.
 pub async fn queues(conn: &mut AsyncPgConnection) -> Result<Vec<String>> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = Text)]
-        queue: String,
-    }
-    // Loose index scans: one index probe per distinct queue, not per row.
-    let rows: Vec<Row> = diesel::sql_query(
-        "WITH RECURSIVE
-             g(q) AS (SELECT min(queue) FROM pgfifo.queue_group
-                      UNION ALL
-                      SELECT (SELECT min(queue) FROM pgfifo.queue_group WHERE queue > g.q)
-                      FROM g WHERE g.q IS NOT NULL),
-             u(q) AS (SELECT min(queue) FROM pgfifo.job WHERE state = 'queued' AND group_id IS NULL
-                      UNION ALL
-                      SELECT (SELECT min(queue) FROM pgfifo.job
-                              WHERE state = 'queued' AND group_id IS NULL AND queue > u.q)
-                      FROM u WHERE u.q IS NOT NULL),
-             f(q) AS (SELECT min(queue) FROM pgfifo.job WHERE state = 'failed'
-                      UNION ALL
-                      SELECT (SELECT min(queue) FROM pgfifo.job WHERE state = 'failed' AND queue > f.q)
-                      FROM f WHERE f.q IS NOT NULL)
-         SELECT q AS queue FROM g WHERE q IS NOT NULL
-         UNION SELECT q FROM u WHERE q IS NOT NULL
-         UNION SELECT q FROM f WHERE q IS NOT NULL
-         UNION SELECT DISTINCT queue FROM pgfifo.group_wake
-         UNION SELECT queue FROM pgfifo.queue_setting
-         UNION SELECT unnest(queues) FROM pgfifo.runner
-               WHERE heartbeat_at > now() - make_interval(secs => 30)
-         ORDER BY 1",
-    )
-    .load(conn)
-    .await?;
-    Ok(rows.into_iter().map(|r| r.queue).collect())
-}
-
-#[derive(QueryableByName)]
-struct UnfinishedRow {
-    #[diesel(sql_type = BigInt)]
-    total: i64,
-    #[diesel(sql_type = Bool)]
-    capped: bool,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    oldest_age_us: Option<i64>,
-    #[diesel(sql_type = Nullable<Jsonb>)]
-    top: Option<serde_json::Value>,
-}
-
-/// Unfinished jobs of a queue: how many (both queued indexes, capped), the
-/// oldest one's age, and the `top` groups by backlog.
-async fn unfinished(conn: &mut AsyncPgConnection, queue: &str, top: i64) -> Result<UnfinishedRow> {
-    Ok(diesel::sql_query(
-        "WITH per AS (
-             SELECT s.group_id, count(*) AS n, min(s.id) AS oldest
-             FROM (SELECT j.group_id, j.id FROM pgfifo.job AS j
-                   WHERE j.queue = $1 AND j.state = 'queued' AND j.group_id IS NOT NULL
-                   LIMIT $2) AS s
-             GROUP BY s.group_id),
-         solo AS (
-             SELECT count(*) AS n, min(s.id) AS oldest
-             FROM (SELECT j.id FROM pgfifo.job AS j
-                   WHERE j.queue = $1 AND j.state = 'queued' AND j.group_id IS NULL
-                   LIMIT $2) AS s),
-         sums AS (
-             SELECT coalesce((SELECT sum(n) FROM per), 0)::bigint AS grouped,
-                    (SELECT n FROM solo) AS ungrouped,
-                    least((SELECT min(oldest) FROM per), (SELECT oldest FROM solo)) AS oldest)
-         SELECT s.grouped + s.ungrouped AS total,
-                s.grouped >= $2 OR s.ungrouped >= $2 AS capped,
-                (SELECT (extract(epoch FROM now() - j.created_at) * 1e6)::bigint
-                 FROM pgfifo.job AS j WHERE j.id = s.oldest) AS oldest_age_us,
-                (SELECT jsonb_agg(jsonb_build_object('group', t.group_id, 'backlog', t.n))
-                 FROM (SELECT group_id, n FROM per ORDER BY n DESC, group_id LIMIT $3) AS t) AS top
-         FROM sums AS s",
-    )
-    .bind::<Text, _>(queue)
-    .bind::<BigInt, _>(COUNT_CAP)
-    .bind::<BigInt, _>(top)
-    .get_result(conn)
-    .await?)
-}
-
-#[derive(QueryableByName)]
-struct SmallCounts {
-    #[diesel(sql_type = Bool)]
-    paused: bool,
-    #[diesel(sql_type = Text)]
-    policy: String,
-    #[diesel(sql_type = BigInt)]
-    running: i64,
-    #[diesel(sql_type = BigInt)]
-    runners: i64,
-    #[diesel(sql_type = BigInt)]
-    retrying: i64,
-    #[diesel(sql_type = BigInt)]
-    failed: i64,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    succeeded_est: Option<i64>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    cancelled_est: Option<i64>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    queued_est: Option<i64>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    failed_est: Option<i64>,
-    #[diesel(embed)]
-    blocked: BlockedRow,
-}
-
-/// The blocked groups of queue `$1`, as select items (see [`BlockedRow`]);
-/// a macro so that it can be `concat!`ed into the statements that use it.
-macro_rules! blocked_groups_sql {
-    () => {
-        "(SELECT count(*) FROM pgfifo.queue_group AS g
-          WHERE g.queue = $1 AND g.ready_at IS NULL AND g.head_id IS NOT NULL) AS held_groups,
-         (SELECT count(*) FROM pgfifo.group_pause AS p WHERE p.queue = $1) AS paused_groups,
-         (SELECT count(*) FROM pgfifo.queue_group AS g
-          JOIN pgfifo.job AS j ON j.id = g.head_id
-          WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND g.ready_at > now()
-            AND j.state = 'queued' AND j.attempts > 0) AS retrying_groups"
-    };
-}
-
-#[derive(QueryableByName)]
-struct BlockedRow {
-    #[diesel(sql_type = BigInt)]
-    held_groups: i64,
-    #[diesel(sql_type = BigInt)]
-    paused_groups: i64,
-    #[diesel(sql_type = BigInt)]
-    retrying_groups: i64,
-}
-
-impl From<BlockedRow> for BlockedGroups {
-    fn from(row: BlockedRow) -> Self {
-        BlockedGroups {
-            paused: row.paused_groups,
-            held: row.held_groups,
-            retrying: row.retrying_groups,
-        }
-    }
-}
-
-async fn small_counts(conn: &mut AsyncPgConnection, queue: &str) -> Result<SmallCounts> {
-    Ok(diesel::sql_query(concat!(
-        "SELECT
-             coalesce((SELECT s.paused FROM pgfifo.queue_setting AS s WHERE s.queue = $1), false) AS paused,
-             coalesce((SELECT s.failure_policy FROM pgfifo.queue_setting AS s WHERE s.queue = $1),
-                      'continue') AS policy,
-             coalesce((SELECT sum((r.running ->> $1)::bigint) FROM pgfifo.runner AS r
-                       WHERE r.heartbeat_at > now() - make_interval(secs => $3)), 0)::bigint AS running,
-             (SELECT count(*) FROM pgfifo.runner AS r
-              WHERE r.heartbeat_at > now() - make_interval(secs => $3) AND $1 = ANY (r.queues)) AS runners,
-             (SELECT count(*) FROM (SELECT 1 FROM pgfifo.job AS j
-                                    WHERE j.queue = $1 AND j.state = 'queued' AND j.attempts > 0
-                                      AND j.run_after > now() LIMIT $2) AS s) AS retrying,
-             (SELECT count(*) FROM (SELECT 1 FROM pgfifo.job AS j
-                                    WHERE j.queue = $1 AND j.state = 'failed' LIMIT $2) AS s) AS failed,
-             pgfifo.estimate_jobs($1, 'succeeded') AS succeeded_est,
-             pgfifo.estimate_jobs($1, 'cancelled') AS cancelled_est,
-             pgfifo.estimate_jobs($1, 'queued') AS queued_est,
-             pgfifo.estimate_jobs($1, 'failed') AS failed_est,",
-        blocked_groups_sql!()
-    ))
-    .bind::<Text, _>(queue)
-    .bind::<BigInt, _>(COUNT_CAP)
-    .bind::<diesel::sql_types::Double, _>(RUNNER_ALIVE.as_secs_f64())
-    .get_result(conn)
-    .await?)
+    Ok(db::admin::status::queues(conn, RUNNER_ALIVE).await?)
 }
 
 /// A count capped at [`COUNT_CAP`]: exact below it, the estimate above.
@@ -318,17 +156,8 @@ pub async fn queue_status(
     top: usize,
 ) -> Result<QueueStatus> {
     validate_queue(queue)?;
-    let (small, unfinished) = conn
-        .transaction::<_, crate::Error, _>(async |conn| {
-            // Index-driven plans even before the first ANALYZE: a bitmap
-            // scan and a sort of a fresh table's backlog took twice as long
-            // as walking the index. (SET LOCAL: gone with the transaction.)
-            conn.batch_execute(COUNTING_SETTINGS).await?;
-            let small = small_counts(conn, queue).await?;
-            let unfinished = unfinished(conn, queue, top as i64).await?;
-            Ok((small, unfinished))
-        })
-        .await?;
+    let (small, unfinished) =
+        db::admin::status::queue_figures(conn, queue, COUNT_CAP, top as i64, RUNNER_ALIVE).await?;
     let total = capped(
         if unfinished.capped {
             COUNT_CAP
@@ -397,33 +226,11 @@ pub struct QueueGauges {
     pub blocked_groups: i64,
 }
 
-#[derive(QueryableByName)]
-struct GaugeRow {
-    #[diesel(sql_type = BigInt)]
-    depth: i64,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    lag_us: Option<i64>,
-    #[diesel(embed)]
-    blocked: BlockedRow,
-}
-
 /// Samples the gauges of `queues`: one cheap statement per queue.
 pub async fn gauges(conn: &mut AsyncPgConnection, queues: &[String]) -> Result<Vec<QueueGauges>> {
     let mut out = Vec::with_capacity(queues.len());
     for queue in queues {
-        let row: GaugeRow = diesel::sql_query(concat!(
-            "SELECT
-                 (SELECT count(*) FROM (SELECT 1 FROM pgfifo.job AS j
-                                        WHERE j.queue = $1 AND j.state = 'queued' LIMIT $2) AS s) AS depth,
-                 (SELECT (extract(epoch FROM now() - min(j.created_at)) * 1e6)::bigint
-                  FROM pgfifo.queue_group AS g JOIN pgfifo.job AS j ON j.id = g.head_id
-                  WHERE g.queue = $1 AND g.ready_at IS NOT NULL) AS lag_us,",
-            blocked_groups_sql!()
-        ))
-        .bind::<Text, _>(queue)
-        .bind::<BigInt, _>(COUNT_CAP)
-        .get_result(conn)
-        .await?;
+        let row = db::admin::status::gauges(conn, queue, COUNT_CAP).await?;
         out.push(QueueGauges {
             queue: queue.clone(),
             depth: row.depth,

@@ -1,10 +1,20 @@
-//! Connections and every SQL statement pgfifo runs.
+//! Connections and every SQL statement pgfifo sends.
 //!
-//! The statements live in [`sql`]; the schema they run against, including the
-//! functions that implement enqueue, pick and completion, is in
-//! `migrations/`. Values always reach SQL as bound parameters.
+//! One home for SQL: each statement lives in the file named for its
+//! consumer ([`runner`], [`enqueue`], [`admin`], [`maintenance`],
+//! [`migrate`]), with the rows it returns. The schema's functions, which
+//! implement enqueue, pick and completion, are in `functions/` (installed by
+//! [`crate::migrate`]); its tables in `migrations/` at the repository root.
+//! Values always reach SQL as bound parameters, and no statement is built
+//! from runtime text. [`error`] tells database errors apart.
 
-pub(crate) mod sql;
+pub(crate) mod admin;
+pub(crate) mod enqueue;
+pub(crate) mod error;
+pub(crate) mod maintenance;
+pub(crate) mod migrate;
+pub(crate) mod runner;
+pub(crate) mod statement;
 
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use std::time::Duration;
@@ -50,16 +60,10 @@ const KEEPALIVES: &str =
 pub async fn connect(database_url: &str, max_size: u32) -> Result<Pool> {
     // bb8 connects lazily and retries until its timeout; connect once directly
     // so a bad URL or a down server is reported now, with the server's reason.
-    drop(
-        establish(database_url.to_owned())
-            .await
-            .map_err(|err| match err {
-                ConnectionError::BadConnection(msg) if msg.starts_with(TIMED_OUT) => {
-                    Error::ConnectTimeout(CONNECT_TIMEOUT)
-                }
-                other => Error::Connection(other),
-            })?,
-    );
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, open(database_url))
+        .await
+        .map_err(|_| Error::ConnectTimeout(CONNECT_TIMEOUT))?;
+    drop(first.map_err(Error::Connection)?);
     let mut config = ManagerConfig::default();
     config.custom_setup = Box::new(|url| Box::pin(establish(url.to_owned())));
     let manager =
@@ -69,25 +73,25 @@ pub async fn connect(database_url: &str, max_size: u32) -> Result<Pool> {
         .connection_timeout(Duration::from_secs(30))
         .build(manager)
         .await
-        .map_err(|err| crate::Error::Pool(err.to_string()))
+        .map_err(|err| Error::Pool(bb8::RunError::User(err)))
 }
 
-const TIMED_OUT: &str = "the database server did not answer within";
+/// Opens one connection with the keepalive settings.
+async fn open(url: &str) -> ConnectionResult<AsyncPgConnection> {
+    let mut conn = AsyncPgConnection::establish(url).await?;
+    conn.batch_execute(KEEPALIVES)
+        .await
+        .map_err(ConnectionError::CouldntSetupConfiguration)?;
+    Ok(conn)
+}
 
-/// Opens one connection with [`CONNECT_TIMEOUT`] and the keepalive settings.
+/// [`open`] within [`CONNECT_TIMEOUT`]: how the pool connects.
 async fn establish(url: String) -> ConnectionResult<AsyncPgConnection> {
-    let connecting = async {
-        let mut conn = AsyncPgConnection::establish(&url).await?;
-        conn.batch_execute(KEEPALIVES)
-            .await
-            .map_err(ConnectionError::CouldntSetupConfiguration)?;
-        Ok(conn)
-    };
-    tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+    tokio::time::timeout(CONNECT_TIMEOUT, open(&url))
         .await
         .unwrap_or_else(|_| {
             Err(ConnectionError::BadConnection(format!(
-                "{TIMED_OUT} {CONNECT_TIMEOUT:?}"
+                "the database server did not answer within {CONNECT_TIMEOUT:?}"
             )))
         })
 }

@@ -12,13 +12,14 @@
 //! (database restart, killed backend) the next request takes a new one.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::db::{sql, Pool, PooledConnection};
+use super::jitter::reconnect_backoff;
+use crate::db::runner as sql;
+use crate::db::{Pool, PooledConnection};
 
 /// The most requests one batch carries.
 const MAX_BATCH: usize = 512;
@@ -139,7 +140,7 @@ async fn run(
                     tracing::warn!("pgfifo: {message}");
                     fail_all(batch, &message);
                     failures += 1;
-                    tokio::time::sleep(backoff(failures)).await;
+                    tokio::time::sleep(reconnect_backoff(failures)).await;
                     continue;
                 }
             }
@@ -235,10 +236,4 @@ fn fail_all(batch: Vec<Request>, message: &str) {
             Request::NoteError { .. } => {}
         }
     }
-}
-
-/// Reconnect delay after `failures` consecutive failures: 100 ms doubling to 5 s.
-pub(crate) fn backoff(failures: u32) -> Duration {
-    let ms = 100u64.saturating_mul(1 << failures.min(6));
-    Duration::from_millis(ms.min(5_000))
 }

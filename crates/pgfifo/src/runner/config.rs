@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::Retention;
+use super::maintenance::Retention;
 use crate::admin::RUNNER_ALIVE;
 use crate::{Error, Result};
 
@@ -36,10 +36,11 @@ pub struct RunnerConfig {
     /// handlers took less than a millisecond on average, these lanes rest:
     /// slots then free up faster than prefetching could help, and the extra
     /// lanes would only compete for the same groups. The runner
-    /// holds up to `concurrency + prefetch + 2` pooled connections, and
-    /// takes one more now and then for its heartbeat and gauges (and one
-    /// for each [`Retention`] pass): size the pool for
-    /// `concurrency + prefetch + 4` plus the application's needs.
+    /// holds up to `concurrency + prefetch + 1` pooled connections, and
+    /// takes one more now and then for its heartbeat and gauges: size the
+    /// pool for `concurrency + prefetch + 4` plus the application's needs.
+    /// LISTEN and each [`Retention`] pass use a server connection of their
+    /// own, outside the pool.
     pub prefetch: Option<usize>,
     /// How often an idle runner looks for work when no notification arrives
     /// (default 1 s). Notifications make new jobs start within milliseconds,
@@ -255,7 +256,7 @@ fn default_name() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
-    let tag = (super::worker::random_fraction() * 65_536.0) as u16;
+    let tag = (super::jitter::random_fraction() * 65_536.0) as u16;
     format!("{host}:{}:{tag:04x}", std::process::id())
 }
 

@@ -1,40 +1,49 @@
 //! Wakes idle workers when `pgfifo.enqueue` notifies that a queue this runner
 //! serves has new work, after making woken groups active (`pgfifo.promote`).
 //!
-//! Notifications are an optimisation: workers also poll (and promote) on their
+//! Notifications are an optimisation: lanes also poll (and promote) on their
 //! own, so a lost notification (the LISTEN connection dropped, the server
 //! restarted) only delays a job until the next poll. The connection is
-//! checked every poll interval and replaced when it fails.
+//! checked every poll interval and replaced when it fails. It is a
+//! connection of its own, not one of the pool's: a LISTENing session is never
+//! handed to the application, and it closes when the listener stops.
 
 use std::pin::pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection, TransactionManager};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::bookkeeper::backoff;
-use super::Shared;
-use crate::db::sql;
+use super::jitter::reconnect_backoff;
+use super::lanes::{promote_all, Board};
+use super::timer::Timer;
+use crate::db::runner as sql;
+use crate::db::Pool;
 
-type Tm = <AsyncPgConnection as AsyncConnection>::TransactionManager;
+/// What the listener works with.
+pub(crate) struct Listener {
+    pub pool: Pool,
+    pub queues: Vec<String>,
+    pub poll_interval: Duration,
+    pub board: Arc<Board>,
+    pub timer: Timer,
+}
 
-/// Wake rows promoted per statement.
-pub(super) const PROMOTE_BATCH: i32 = 1_000;
-
-pub(super) async fn run(shared: Arc<Shared>, service: CancellationToken) {
+/// Listens, promotes and wakes lanes until `service` is cancelled.
+pub(crate) async fn run(listener: Listener, service: CancellationToken) {
     let mut failures = 0u32;
     while !service.is_cancelled() {
-        match listen(&shared, &service).await {
+        match listen(&listener, &service).await {
             Ok(()) => return,
             Err(err) => {
                 failures += 1;
                 tracing::warn!(error = %err, "pgfifo: LISTEN connection failed; polling until it is back");
                 // Wake everyone: whatever was notified meanwhile is picked up.
-                shared.wake_all();
+                listener.board.wake_all();
                 tokio::select! {
-                    () = tokio::time::sleep(backoff(failures)) => {}
+                    () = tokio::time::sleep(reconnect_backoff(failures)) => {}
                     () = service.cancelled() => return,
                 }
             }
@@ -56,8 +65,8 @@ enum Interrupt {
 /// Whether a notification concerns this runner: `Some(true)` on the channel
 /// that always wakes a lane, `Some(false)` on the woken-groups one. Its own
 /// (`own_pid`, see `promote_and_wake`) do not.
-fn relevant(shared: &Shared, note: &diesel::pg::PgNotification, own_pid: i32) -> Option<bool> {
-    if note.process_id == own_pid || !shared.queues.contains(&note.payload) {
+fn relevant(listener: &Listener, note: &diesel::pg::PgNotification, own_pid: i32) -> Option<bool> {
+    if note.process_id == own_pid || !listener.queues.contains(&note.payload) {
         return None;
     }
     match note.channel.as_str() {
@@ -68,19 +77,17 @@ fn relevant(shared: &Shared, note: &diesel::pg::PgNotification, own_pid: i32) ->
 }
 
 /// Listens until `service` is cancelled (`Ok`) or the connection fails.
-async fn listen(shared: &Shared, service: &CancellationToken) -> Result<(), String> {
-    let mut conn = shared.pool.get_owned().await.map_err(|e| e.to_string())?;
-    let result = listen_on(shared, service, &mut conn).await;
-    if result.is_err() {
-        // Never hand a LISTENing connection back to the application's pool:
-        // marked broken, the pool closes it.
-        Tm::transaction_manager_status_mut(&mut *conn).set_in_error();
-    }
-    result
+async fn listen(listener: &Listener, service: &CancellationToken) -> Result<(), String> {
+    let mut conn = listener
+        .pool
+        .dedicated_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    listen_on(listener, service, &mut conn).await
 }
 
 async fn listen_on(
-    shared: &Shared,
+    listener: &Listener,
     service: &CancellationToken,
     conn: &mut AsyncPgConnection,
 ) -> Result<(), String> {
@@ -89,27 +96,27 @@ async fn listen_on(
         .map_err(|e| e.to_string())?;
     let own_pid = sql::backend_pid(conn).await.map_err(|e| e.to_string())?;
     tracing::debug!("pgfifo: listening for new jobs");
-    // Work enqueued while no runner listened. Workers that looked for work
+    // Work enqueued while no runner listened. Lanes that looked for work
     // meanwhile may have found the wake rows taken by this promote (they are
     // taken SKIP LOCKED) and gone to sleep: wake them.
-    promote_all(shared, conn).await?;
-    shared.wake_all();
+    promote_all(&listener.queues, &listener.timer, &listener.board, conn).await?;
+    listener.board.wake_all();
     loop {
         let interrupt = {
             let mut stream = pin!(conn.notifications_stream());
-            let mut tick = pin!(tokio::time::sleep(shared.config.poll_interval));
+            let mut tick = pin!(tokio::time::sleep(listener.poll_interval));
             loop {
                 tokio::select! {
                     item = stream.next() => match item {
                         Some(Ok(note)) => {
-                            if let Some(mut work) = relevant(shared, &note, own_pid) {
+                            if let Some(mut work) = relevant(listener, &note, own_pid) {
                                 // One promote for every notification that
                                 // has arrived already: they are of commits
                                 // it will see.
                                 while let Some(item) = stream.next().now_or_never() {
                                     match item {
                                         Some(Ok(note)) => {
-                                            work |= relevant(shared, &note, own_pid) == Some(true);
+                                            work |= relevant(listener, &note, own_pid) == Some(true);
                                         }
                                         Some(Err(err)) => return Err(err.to_string()),
                                         None => return Err("notification stream ended".into()),
@@ -127,16 +134,11 @@ async fn listen_on(
             }
         };
         match interrupt {
-            // The connection goes back to the pool: stop receiving notifications.
-            Interrupt::Stop => {
-                return conn
-                    .batch_execute("UNLISTEN *")
-                    .await
-                    .map_err(|e| e.to_string());
-            }
-            Interrupt::Notified { work } => promote_and_wake(shared, conn, work).await?,
+            // The connection closes when it is dropped.
+            Interrupt::Stop => return Ok(()),
+            Interrupt::Notified { work } => promote_and_wake(listener, conn, work).await?,
             // The poll: also proves the connection is alive.
-            Interrupt::Tick => promote_and_wake(shared, conn, false).await?,
+            Interrupt::Tick => promote_and_wake(listener, conn, false).await?,
         }
     }
 }
@@ -153,42 +155,20 @@ async fn listen_on(
 /// the groups promoted and woke nobody, and their idle lanes would otherwise
 /// wait for the poll. (Its own listener ignores what it sends.)
 async fn promote_and_wake(
-    shared: &Shared,
+    listener: &Listener,
     conn: &mut AsyncPgConnection,
     work: bool,
 ) -> Result<(), String> {
-    let promoted = promote_all(shared, conn).await?;
-    let short = promoted > 0 && shared.idle_lanes.load(Ordering::SeqCst) < promoted as usize;
+    let board = &listener.board;
+    let promoted = promote_all(&listener.queues, &listener.timer, board, conn).await?;
+    let short = promoted > 0 && board.idle_lanes() < promoted as usize;
     if promoted > 0 || work {
-        shared.wake_lanes(promoted as usize);
+        board.wake(promoted as usize);
     }
     if short {
-        sql::announce(conn, &shared.queues)
+        sql::announce(conn, &listener.queues)
             .await
             .map_err(|e| e.to_string())?;
     }
     Ok(())
-}
-
-/// Promotes woken groups until no wake rows are left; returns how many wake
-/// rows it consumed. The delayed heads it set are noted for the timer.
-pub(super) async fn promote_all(
-    shared: &Shared,
-    conn: &mut AsyncPgConnection,
-) -> Result<i32, String> {
-    let mut total = 0;
-    loop {
-        let promoted = sql::promote(conn, &shared.queues, PROMOTE_BATCH)
-            .await
-            .map_err(|e| e.to_string())?;
-        for &later in &promoted.later {
-            shared.due.add(later);
-        }
-        let n = promoted.groups;
-        total += n;
-        if n < PROMOTE_BATCH {
-            shared.promoted_now();
-            return Ok(total);
-        }
-    }
 }

@@ -1,9 +1,10 @@
 //! Work that becomes ready by itself at a known time, and nobody is woken for:
 //! a retry's delay, a group's delayed next job, a delayed job whose idle
 //! group was promoted, a group left active for an enqueue in flight. Whoever
-//! learns of such a time notes it here (`DueTimes::add`); when it comes, the
-//! timer task wakes a lane, whichever is idle (or, if none is, makes a busy
-//! one pick again after its batch; see `Shared::wake_lanes`).
+//! learns of such a time notes it on the [`Timer`]; when it comes, the
+//! timer task calls its `wake` with how much work is due (the runner passes
+//! the lanes' `Board::wake`: an idle lane picks, or a busy one picks again
+//! after its batch).
 //!
 //! One timer for the whole runner: a lane that noted a retry may be busy with
 //! other jobs when it is due, and the retry would wait for the poll. Work of
@@ -14,8 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-
-use super::Shared;
+use tokio_util::sync::CancellationToken;
 
 /// At most this many due times are kept; beyond, the latest are left to the
 /// poll.
@@ -25,18 +25,28 @@ const KEPT: usize = 4_096;
 /// time is noted).
 const NOTHING_DUE: Duration = Duration::from_secs(3_600);
 
+/// A handle to the runner's timer: notes when known work becomes ready.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Timer(Arc<DueTimes>);
+
+impl Timer {
+    /// Notes that some work becomes ready in `soon`.
+    pub(crate) fn add(&self, soon: Duration) {
+        self.0.add(soon);
+    }
+}
+
 /// The times at which known work becomes ready, each with how many pieces
 /// of work are due then.
 #[derive(Debug, Default)]
-pub(super) struct DueTimes {
+struct DueTimes {
     at: Mutex<BTreeMap<Instant, usize>>,
     /// An earlier time than the timer sleeps for was noted.
     earlier: Notify,
 }
 
 impl DueTimes {
-    /// Notes that some work becomes ready in `soon`.
-    pub(super) fn add(&self, soon: Duration) {
+    fn add(&self, soon: Duration) {
         let at = Instant::now() + soon;
         let mut times = self.at.lock().unwrap_or_else(|e| e.into_inner());
         let earliest = times.first_key_value().is_none_or(|(first, _)| at < *first);
@@ -69,9 +79,10 @@ impl DueTimes {
     }
 }
 
-/// Wakes lanes when noted work becomes ready, until the workers stop.
-pub(super) async fn run(shared: Arc<Shared>) {
-    let due = &shared.due;
+/// Calls `wake` with how much noted work became ready, whenever some does,
+/// until `stop` (the lanes stop picking).
+pub(crate) async fn run(timer: Timer, wake: impl Fn(usize), stop: CancellationToken) {
+    let due = &*timer.0;
     loop {
         let wait = due.next().map_or(NOTHING_DUE, |at| {
             at.saturating_duration_since(Instant::now())
@@ -80,11 +91,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
             () = tokio::time::sleep(wait) => {
                 let ready = due.take_due(Instant::now());
                 if ready > 0 {
-                    shared.wake_lanes(ready);
+                    wake(ready);
                 }
             }
             () = due.earlier.notified() => {}
-            () = shared.stop.cancelled() => return,
+            () = stop.cancelled() => return,
         }
     }
 }

@@ -1,0 +1,260 @@
+//! The statements of [`crate::admin`]'s listings: groups, jobs, one job and
+//! its attempts. Read-only: none takes a lock or changes a row.
+
+use diesel::sql_types::{BigInt, Bool, Integer, Jsonb, Nullable, SmallInt, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+/// One group of a queue, with its head.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct GroupRow {
+    #[diesel(sql_type = Text)]
+    pub group_id: String,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub head_id: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub head_state: Option<String>,
+    /// The group has a ready time (it is neither idle nor held).
+    #[diesel(sql_type = Bool)]
+    pub active: bool,
+    /// Its head waits for a time (scheduled, or its retry).
+    #[diesel(sql_type = Bool)]
+    pub waiting: bool,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub ready_at_us: Option<i64>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub head_attempts: Option<i32>,
+    /// An attempt of the head started and has no outcome yet.
+    #[diesel(sql_type = Bool)]
+    pub head_started: bool,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub head_age_us: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub head_error: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub paused_at_us: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    pub backlog: i64,
+}
+
+/// The groups of `queue` after `after` in name order (at most `limit`),
+/// only the blocked ones if `blocked_only`: those with a row, a pause, or a
+/// wake-up not promoted yet.
+pub(crate) async fn groups(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    after: Option<&str>,
+    blocked_only: bool,
+    limit: i64,
+) -> diesel::QueryResult<Vec<GroupRow>> {
+    diesel::sql_query(
+        "WITH k AS (
+             SELECT group_id FROM pgfifo.queue_group
+             WHERE queue = $1 AND group_id > coalesce($2, '')
+             UNION
+             SELECT group_id FROM pgfifo.group_pause
+             WHERE queue = $1 AND group_id > coalesce($2, '')
+             UNION
+             SELECT group_id FROM pgfifo.group_wake
+             WHERE queue = $1 AND group_id > coalesce($2, ''))
+         SELECT k.group_id, g.head_id, j.state AS head_state,
+                g.ready_at IS NOT NULL AS active,
+                coalesce(g.ready_at > now(), false) AS waiting,
+                (extract(epoch FROM g.ready_at) * 1e6)::bigint AS ready_at_us,
+                j.attempts AS head_attempts,
+                coalesce(j.state = 'queued' AND EXISTS (
+                    SELECT 1 FROM pgfifo.job_attempt AS a
+                    WHERE a.job_id = j.id AND a.attempt > j.attempts), false) AS head_started,
+                (extract(epoch FROM now() - j.created_at) * 1e6)::bigint AS head_age_us,
+                j.last_error AS head_error,
+                (extract(epoch FROM p.paused_at) * 1e6)::bigint AS paused_at_us,
+                (SELECT count(*) FROM pgfifo.job AS b
+                 WHERE b.queue = $1 AND b.group_id = k.group_id AND b.state = 'queued') AS backlog
+         FROM k
+         LEFT JOIN pgfifo.queue_group AS g ON g.queue = $1 AND g.group_id = k.group_id
+         LEFT JOIN pgfifo.job AS j ON j.id = g.head_id
+         LEFT JOIN pgfifo.group_pause AS p ON p.queue = $1 AND p.group_id = k.group_id
+         WHERE NOT $3
+            OR p.paused_at IS NOT NULL
+            OR (g.head_id IS NOT NULL AND g.ready_at IS NULL)
+            OR (g.ready_at > now() AND j.state = 'queued' AND j.attempts > 0)
+         ORDER BY k.group_id
+         LIMIT $4",
+    )
+    .bind::<Text, _>(queue)
+    .bind::<Nullable<Text>, _>(after)
+    .bind::<Bool, _>(blocked_only)
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await
+}
+
+/// A job in a listing. `status` is the stored state, or for a queued job
+/// `running`, `retrying`, `scheduled` or `queued`.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct JobRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub group_id: Option<String>,
+    #[diesel(sql_type = Text)]
+    pub kind: String,
+    #[diesel(sql_type = Text)]
+    pub status: String,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = Integer)]
+    pub max_attempts: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_error: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    pub created_us: i64,
+    #[diesel(sql_type = BigInt)]
+    pub run_after_us: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub finished_us: Option<i64>,
+}
+
+/// The select list of a [`JobRow`] from `pgfifo.job AS j`; a macro so that
+/// it can be `concat!`ed into the statements that use it.
+macro_rules! job_columns {
+    () => {
+        "j.id, j.queue, j.group_id, j.kind,
+         CASE WHEN j.state <> 'queued' THEN j.state
+              WHEN EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
+                           WHERE a.job_id = j.id AND a.attempt > j.attempts) THEN 'running'
+              WHEN j.run_after > now() AND j.attempts > 0 THEN 'retrying'
+              WHEN j.run_after > now() THEN 'scheduled'
+              ELSE 'queued' END AS status,
+         greatest(j.attempts, coalesce((SELECT max(a.attempt) FROM pgfifo.job_attempt AS a
+                                        WHERE a.job_id = j.id), 0)) AS attempts,
+         j.max_attempts + j.attempt_base AS max_attempts,
+         j.last_error,
+         (extract(epoch FROM j.created_at) * 1e6)::bigint AS created_us,
+         (extract(epoch FROM j.run_after) * 1e6)::bigint AS run_after_us,
+         (extract(epoch FROM j.finished_at) * 1e6)::bigint AS finished_us"
+    };
+}
+
+/// The filters of a job listing (`None`: any).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobFilter<'a> {
+    pub queue: Option<&'a str>,
+    pub group: Option<&'a str>,
+    pub state: Option<&'a str>,
+    /// Continue after this id, in the listing's order.
+    pub after: Option<i64>,
+    pub limit: i64,
+}
+
+macro_rules! jobs_statement {
+    ($cmp:literal, $order:literal) => {
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM pgfifo.job AS j
+             WHERE ($1::text IS NULL OR j.queue = $1)
+               AND ($2::text IS NULL OR j.group_id = $2)
+               AND ($3::text IS NULL OR j.state = $3)
+               AND ($4::bigint IS NULL OR j.id ",
+            $cmp,
+            " $4)
+             ORDER BY j.id ",
+            $order,
+            " LIMIT $5"
+        )
+    };
+}
+
+/// Jobs matching `filter`, newest first, or oldest first.
+pub(crate) async fn jobs(
+    conn: &mut AsyncPgConnection,
+    filter: JobFilter<'_>,
+    oldest_first: bool,
+) -> diesel::QueryResult<Vec<JobRow>> {
+    let text = if oldest_first {
+        jobs_statement!(">", "ASC")
+    } else {
+        jobs_statement!("<", "DESC")
+    };
+    diesel::sql_query(text)
+        .bind::<Nullable<Text>, _>(filter.queue)
+        .bind::<Nullable<Text>, _>(filter.group)
+        .bind::<Nullable<Text>, _>(filter.state)
+        .bind::<Nullable<BigInt>, _>(filter.after)
+        .bind::<BigInt, _>(filter.limit)
+        .load(conn)
+        .await
+}
+
+/// One job with everything stored about it.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct DetailRow {
+    #[diesel(embed)]
+    pub job: JobRow,
+    #[diesel(sql_type = Jsonb)]
+    pub payload: serde_json::Value,
+    #[diesel(sql_type = Nullable<Jsonb>)]
+    pub result: Option<serde_json::Value>,
+    #[diesel(sql_type = SmallInt)]
+    pub priority: i16,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub unique_key: Option<String>,
+    /// It is its group's head (runs next, is running, or holds the group).
+    #[diesel(sql_type = Bool)]
+    pub is_head: bool,
+}
+
+/// Job `id`, or `None`.
+pub(crate) async fn job(
+    conn: &mut AsyncPgConnection,
+    id: i64,
+) -> diesel::QueryResult<Option<DetailRow>> {
+    let rows: Vec<DetailRow> = diesel::sql_query(concat!(
+        "SELECT ",
+        job_columns!(),
+        ", j.payload, j.result, j.priority, j.unique_key,
+           EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                   WHERE g.queue = j.queue AND g.group_id = j.group_id
+                     AND g.head_id = j.id) AS is_head
+         FROM pgfifo.job AS j WHERE j.id = $1"
+    ))
+    .bind::<BigInt, _>(id)
+    .load(conn)
+    .await?;
+    Ok(rows.into_iter().next())
+}
+
+/// One recorded attempt.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct AttemptRow {
+    #[diesel(sql_type = Integer)]
+    pub attempt: i32,
+    #[diesel(sql_type = Text)]
+    pub runner: String,
+    #[diesel(sql_type = BigInt)]
+    pub started_us: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub finished_us: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub error: Option<String>,
+}
+
+/// Every recorded attempt of job `id`, oldest first.
+pub(crate) async fn attempts(
+    conn: &mut AsyncPgConnection,
+    id: i64,
+) -> diesel::QueryResult<Vec<AttemptRow>> {
+    diesel::sql_query(
+        "SELECT attempt, runner,
+                (extract(epoch FROM started_at) * 1e6)::bigint AS started_us,
+                (extract(epoch FROM finished_at) * 1e6)::bigint AS finished_us,
+                error
+         FROM pgfifo.job_attempt WHERE job_id = $1 ORDER BY attempt",
+    )
+    .bind::<BigInt, _>(id)
+    .load(conn)
+    .await
+}

@@ -1,0 +1,61 @@
+//! The statement of [`enqueue_batch`](crate::enqueue_batch).
+
+use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Nullable, SmallInt, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use super::statement::{bind, cached};
+use crate::JobId;
+
+/// The arguments of `pgfifo.enqueue`, one array element per job.
+#[derive(Debug, Default)]
+pub(crate) struct EnqueueArrays {
+    pub queue: Vec<String>,
+    pub group: Vec<Option<String>>,
+    pub kind: Vec<&'static str>,
+    pub payload: Vec<serde_json::Value>,
+    pub priority: Vec<i16>,
+    pub max_attempts: Vec<i32>,
+    pub unique_key: Vec<Option<String>>,
+    pub run_at_us: Vec<Option<i64>>,
+    pub delay_us: Vec<Option<i64>>,
+}
+
+#[derive(QueryableByName)]
+struct IdsRow {
+    #[diesel(sql_type = Array<BigInt>)]
+    ids: Vec<i64>,
+}
+
+const ENQUEUE: &str = "SELECT pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS ids";
+
+/// Inserts a batch of jobs in one round trip; returns their ids in input
+/// order. Runs in the caller's transaction, if one is open.
+pub(crate) async fn enqueue(
+    conn: &mut AsyncPgConnection,
+    jobs: EnqueueArrays,
+) -> diesel::QueryResult<Vec<JobId>> {
+    // NULL rather than an array of NULLs: the function's fast path.
+    let unique_keys = jobs
+        .unique_key
+        .iter()
+        .any(Option::is_some)
+        .then_some(jobs.unique_key);
+    let row: IdsRow = cached(
+        ENQUEUE,
+        (
+            bind::<Array<Text>, _>(jobs.queue),
+            bind::<Array<Nullable<Text>>, _>(jobs.group),
+            bind::<Array<Text>, _>(jobs.kind),
+            bind::<Array<Jsonb>, _>(jobs.payload),
+            bind::<Array<SmallInt>, _>(jobs.priority),
+            bind::<Array<Integer>, _>(jobs.max_attempts),
+            bind::<Nullable<Array<Nullable<Text>>>, _>(unique_keys),
+            bind::<Array<Nullable<BigInt>>, _>(jobs.run_at_us),
+            bind::<Array<Nullable<BigInt>>, _>(jobs.delay_us),
+        ),
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.ids)
+}

@@ -1,0 +1,137 @@
+//! Telling database errors apart. By their kind (diesel's
+//! [`DatabaseErrorKind`], from the SQLSTATE) and, for pgfifo's own errors,
+//! by the constraint name its functions raise them with, since diesel's
+//! error information keeps that field but not the SQLSTATE itself. Never by
+//! message text, which a server version or `lc_messages` may change.
+
+use diesel::result::{DatabaseErrorKind, Error};
+
+/// A rule of pgfifo's that a function refused to break; the constraint name
+/// it raises the error with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// `pgfifo_read_committed` (SQLSTATE 25000): enqueue and the operator
+    /// functions need READ COMMITTED. The error's detail is the isolation
+    /// level found.
+    ReadCommitted,
+    /// `pgfifo_job_transaction` (25P01): pick and complete run only in a job
+    /// transaction (a handler that sent COMMIT ended it).
+    JobTransaction,
+    /// `pgfifo_group_busy` (55P03): the group's head is running.
+    GroupBusy,
+    /// `pgfifo_unique_key_busy` (55P03): a unique key kept changing hands
+    /// while an enqueue looked for its holder.
+    UniqueKeyBusy,
+}
+
+impl Refusal {
+    const ALL: [(Refusal, &'static str); 4] = [
+        (Refusal::ReadCommitted, "pgfifo_read_committed"),
+        (Refusal::JobTransaction, "pgfifo_job_transaction"),
+        (Refusal::GroupBusy, "pgfifo_group_busy"),
+        (Refusal::UniqueKeyBusy, "pgfifo_unique_key_busy"),
+    ];
+}
+
+/// The pgfifo rule `err` reports, if it is one of pgfifo's own errors.
+pub(crate) fn refusal(err: &Error) -> Option<Refusal> {
+    let Error::DatabaseError(_, info) = err else {
+        return None;
+    };
+    let name = info.constraint_name()?;
+    Refusal::ALL
+        .iter()
+        .find(|(_, constraint)| *constraint == name)
+        .map(|(refusal, _)| *refusal)
+}
+
+/// The detail of a database error (pgfifo's errors put a value there).
+pub(crate) fn detail(err: &Error) -> Option<&str> {
+    match err {
+        Error::DatabaseError(_, info) => info.details(),
+        _ => None,
+    }
+}
+
+/// Whether `err` means the connection is gone or unusable, as opposed to an
+/// SQL error on a working connection: errors that are not the server's
+/// (diesel-async reports those as `UnableToSendCommand`), a closed
+/// connection, and a transaction manager diesel considers broken.
+pub(crate) fn is_connection_error(err: &Error) -> bool {
+    match err {
+        Error::DatabaseError(kind, _) => matches!(
+            kind,
+            DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
+        ),
+        Error::BrokenTransactionManager => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Info(Option<&'static str>);
+
+    impl diesel::result::DatabaseErrorInformation for Info {
+        fn message(&self) -> &str {
+            "the head of group g in queue q is running"
+        }
+        fn details(&self) -> Option<&str> {
+            None
+        }
+        fn hint(&self) -> Option<&str> {
+            None
+        }
+        fn table_name(&self) -> Option<&str> {
+            None
+        }
+        fn column_name(&self) -> Option<&str> {
+            None
+        }
+        fn constraint_name(&self) -> Option<&str> {
+            self.0
+        }
+        fn statement_position(&self) -> Option<i32> {
+            None
+        }
+    }
+
+    fn db_error(kind: DatabaseErrorKind, constraint: Option<&'static str>) -> Error {
+        Error::DatabaseError(kind, Box::new(Info(constraint)))
+    }
+
+    #[test]
+    fn refusals_are_told_by_constraint_name_not_message() {
+        let busy = db_error(DatabaseErrorKind::Unknown, Some("pgfifo_group_busy"));
+        assert_eq!(refusal(&busy), Some(Refusal::GroupBusy));
+        // The same message without pgfifo's constraint name is not one.
+        assert_eq!(refusal(&db_error(DatabaseErrorKind::Unknown, None)), None);
+        let check = db_error(DatabaseErrorKind::CheckViolation, Some("job_queue_check"));
+        assert_eq!(refusal(&check), None);
+        assert_eq!(refusal(&Error::NotFound), None);
+    }
+
+    #[test]
+    fn connection_errors_are_told_from_sql_errors() {
+        assert!(is_connection_error(&db_error(
+            DatabaseErrorKind::ClosedConnection,
+            None
+        )));
+        assert!(is_connection_error(&db_error(
+            DatabaseErrorKind::UnableToSendCommand,
+            None
+        )));
+        assert!(is_connection_error(&Error::BrokenTransactionManager));
+        assert!(!is_connection_error(&db_error(
+            DatabaseErrorKind::UniqueViolation,
+            None
+        )));
+        assert!(!is_connection_error(&db_error(
+            DatabaseErrorKind::Unknown,
+            Some("pgfifo_group_busy")
+        )));
+    }
+}

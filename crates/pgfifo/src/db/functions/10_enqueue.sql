@@ -1,0 +1,176 @@
+-- Enqueue: one call for any number of jobs.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Enqueues a batch of jobs in one call; returns one id per input row, in input
+-- order (for a row whose unique key is taken, the id of the unfinished job that
+-- holds it), as one array: a row per id costs more than the insert of a small
+-- job, on the server and in the client.
+--
+-- Locking contract. The enqueuer takes the shared advisory lock of every group
+-- it writes to (striped, see group_lock_key) and keeps it until its
+-- transaction ends. It never writes a
+-- queue_group row: for a group that is missing or idle (no head) it appends a
+-- row to pgfifo.group_wake, and a runner makes the group active after this
+-- transaction commits (promote). A group that is active needs nothing: its
+-- runner finds the new job when it advances the head. The one race, a runner
+-- declaring the group idle while this transaction is open, is closed by the
+-- advisory lock: advance_head declares a group idle only if it can take the
+-- lock exclusively (so no enqueuer is in flight), or it did so first, and the
+-- statement below that looks for active groups sees the group idle.
+--
+-- Enqueue waits for nothing but that exclusive lock, held by a runner for the
+-- moment between declaring a group idle and committing. Needs READ COMMITTED:
+-- each statement must see commits that happened while it waited.
+CREATE OR REPLACE FUNCTION pgfifo.enqueue(
+    p_queue        text[],
+    p_group        text[],
+    p_kind         text[],
+    p_payload      jsonb[],
+    p_priority     smallint[],
+    p_max_attempts integer[],
+    p_unique_key   text[],
+    p_run_at_us    bigint[],
+    p_delay_us     bigint[]
+) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n       integer := cardinality(p_queue);
+    v_ids     bigint[];
+    v_out     bigint[];
+    v_created boolean[];
+    v_i       integer;
+    v_id      bigint;
+    v_tries   integer;
+    v_notify  text[];
+    v_gq      text[];
+    v_gg      text[];
+    v_void    text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgfifo enqueue requires READ COMMITTED isolation (found %)',
+            current_setting('transaction_isolation')
+            USING ERRCODE = 'invalid_transaction_state', CONSTRAINT = 'pgfifo_read_committed',
+                  DETAIL = current_setting('transaction_isolation');
+    END IF;
+    IF v_n IS NULL OR v_n = 0 THEN
+        RETURN '{}';
+    END IF;
+
+    -- One job without a unique key, the common call: the same steps as
+    -- below, written for one row in two queries (the job, and the wake row
+    -- with its notification). Lock, id and the notification of an ungrouped
+    -- job are assignments of plain expressions, which PL/pgSQL evaluates
+    -- without starting a query (PERFORM would start one; the functions
+    -- return void, hence the casts). Less than half the server's time of the
+    -- batch path for one job.
+    IF v_n = 1 AND p_unique_key[1] IS NULL THEN
+        IF p_group[1] IS NOT NULL THEN
+            v_void := pg_advisory_xact_lock_shared(
+                1885824614, pgfifo.group_lock_key(p_queue[1], p_group[1]))::text;
+        END IF;
+        v_id := nextval('pgfifo.job_id_seq');
+        INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after)
+        VALUES (v_id, p_queue[1], p_group[1], p_kind[1], p_payload[1], p_priority[1],
+                p_max_attempts[1], pgfifo.run_after(p_run_at_us[1], p_delay_us[1]));
+        IF p_group[1] IS NULL THEN
+            v_void := pg_notify('pgfifo', p_queue[1])::text;
+        ELSE
+            WITH woken AS (
+                INSERT INTO pgfifo.group_wake (queue, group_id)
+                SELECT p_queue[1], p_group[1]
+                WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                                  WHERE qg.queue = p_queue[1] AND qg.group_id = p_group[1]
+                                    AND qg.ready_at IS NOT NULL)
+                RETURNING queue)
+            SELECT pg_notify('pgfifo_groups', woken.queue)::text INTO v_void FROM woken;
+        END IF;
+        RETURN ARRAY[v_id];
+    END IF;
+
+    -- The batch's groups, once: the locks and the wake rows need them.
+    SELECT array_agg(d.q), array_agg(d.g) INTO v_gq, v_gg
+    FROM (SELECT DISTINCT t.q, t.g FROM unnest(p_queue, p_group) AS t(q, g)
+          WHERE t.g IS NOT NULL) AS d;
+    PERFORM pg_advisory_xact_lock_shared(1885824614, s.k)
+    FROM (SELECT DISTINCT pgfifo.group_lock_key(t.q, t.g) AS k
+          FROM unnest(v_gq, v_gg) AS t(q, g) ORDER BY 1) AS s;
+
+    -- Ids are taken in one ascending run so that input order is id order.
+    v_ids := ARRAY(SELECT nextval('pgfifo.job_id_seq') FROM generate_series(1, v_n) ORDER BY 1);
+
+    IF p_unique_key IS NULL OR cardinality(array_remove(p_unique_key, NULL)) = 0 THEN
+        -- Fast path: no unique keys.
+        INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after)
+        SELECT t.id, t.q, t.g, t.k, t.p, t.pr, t.ma, pgfifo.run_after(t.at, t.dl)
+        FROM unnest(v_ids, p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                    p_run_at_us, p_delay_us) AS t(id, q, g, k, p, pr, ma, at, dl);
+        v_out := v_ids;
+        v_created := array_fill(true, ARRAY[v_n]);
+    ELSE
+        v_out := v_ids;
+        v_created := array_fill(false, ARRAY[v_n]);
+        FOR v_i IN 1 .. v_n LOOP
+            v_tries := 0;
+            LOOP
+                INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts,
+                                        run_after, unique_key)
+                VALUES (v_ids[v_i], p_queue[v_i], p_group[v_i], p_kind[v_i], p_payload[v_i],
+                        p_priority[v_i], p_max_attempts[v_i],
+                        pgfifo.run_after(p_run_at_us[v_i], p_delay_us[v_i]), p_unique_key[v_i])
+                ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL AND state = 'queued'
+                DO NOTHING
+                RETURNING id INTO v_id;
+                IF v_id IS NOT NULL THEN
+                    v_created[v_i] := true;
+                    EXIT;
+                END IF;
+                SELECT id INTO v_id FROM pgfifo.job
+                WHERE queue = p_queue[v_i] AND unique_key = p_unique_key[v_i] AND state = 'queued';
+                IF v_id IS NOT NULL THEN
+                    v_out[v_i] := v_id;
+                    EXIT;
+                END IF;
+                -- The holder of the key finished between the two statements: try again.
+                v_tries := v_tries + 1;
+                IF v_tries > 10 THEN
+                    RAISE EXCEPTION 'pgfifo enqueue: unique key % keeps changing hands', p_unique_key[v_i]
+                        USING ERRCODE = 'lock_not_available', CONSTRAINT = 'pgfifo_unique_key_busy';
+                END IF;
+            END LOOP;
+        END LOOP;
+    END IF;
+
+    -- Groups that are missing or idle must be made active once this commits
+    -- (with unique keys, only those that got a new job).
+    IF array_position(v_created, false) IS NOT NULL THEN
+        SELECT array_agg(d.q), array_agg(d.g) INTO v_gq, v_gg
+        FROM (SELECT DISTINCT t.q, t.g FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
+              WHERE t.g IS NOT NULL AND t.created) AS d;
+    END IF;
+    WITH woken AS (
+        INSERT INTO pgfifo.group_wake (queue, group_id)
+        SELECT d.q, d.g
+        FROM unnest(v_gq, v_gg) AS d(q, g)
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                          WHERE qg.queue = d.q AND qg.group_id = d.g AND qg.ready_at IS NOT NULL)
+        RETURNING queue)
+    SELECT array_agg(DISTINCT queue) INTO v_notify FROM woken;
+
+    -- Wake runners at commit, once per queue that has a woken group (they
+    -- promote it, and wake a lane per group promoted) or a new ungrouped job
+    -- (they wake a lane). Active groups need no wake-up: their runner
+    -- advances.
+    PERFORM pg_notify('pgfifo_groups', q) FROM unnest(v_notify) AS q;
+    IF p_group IS NULL OR array_position(p_group, NULL::text) IS NOT NULL THEN
+        PERFORM pg_notify('pgfifo', s.q)
+        FROM (SELECT DISTINCT t.q FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
+              WHERE t.g IS NULL AND t.created) AS s(q);
+    END IF;
+
+    RETURN v_out;
+END
+$$;

@@ -1,0 +1,123 @@
+-- Promote: groups that enqueuers woke become active.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Makes groups woken by enqueuers active: creates missing group rows and sets
+-- the head of idle ones. Runs in its own short transaction on a runner's
+-- connection (never in a job's transaction, whose locks last for the job).
+--
+-- A wake row becomes visible with the commit of its enqueuer, so the jobs are
+-- visible too. Each group row is locked SKIP LOCKED before it is looked at; a
+-- row someone holds (a runner, another promote) is not waited for: its wake
+-- row is put back for the next promote. The head is then read in a separate
+-- statement, whose snapshot follows the lock. Groups are handled in sorted
+-- order. The commit does not wait for the WAL flush: if the server crashes,
+-- the wake rows come back with the promotion.
+--
+-- A paused group stays idle (resuming wakes it again). A held group (its
+-- failed head, ready_at NULL, in a queue whose policy is 'hold') is left
+-- alone; one whose queue went back to 'continue', or whose head an operator
+-- retried, is released. An active group whose head has not started yet gets
+-- an older queued job as its head if one became visible (an enqueuer that
+-- committed late, an operator's retry); a head that started keeps its place.
+--
+-- promoted: the wake rows it handled; rows of groups it found locked (a job
+-- runs) are put back and not counted, so a caller that promotes until
+-- nothing is left does not spin on them. ready_later_us: in how many
+-- microseconds each head it set that is not ready yet (a delayed job)
+-- becomes ready (NULL: none), when the runner looks again; nobody is woken
+-- for them.
+CREATE OR REPLACE FUNCTION pgfifo.promote(
+    p_queues           text[],
+    p_limit            integer,
+    OUT promoted       integer,
+    OUT ready_later_us bigint[]
+)
+LANGUAGE plpgsql
+-- Short queries on small tables: compiling them would cost 100x running them.
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_wake  record;
+    v_taken integer := 0;
+    v_group record;
+    v_next  record;
+    v_locked boolean;
+    v_now   timestamptz := clock_timestamp();
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    FOR v_wake IN
+        WITH taken AS (
+            DELETE FROM pgfifo.group_wake
+            WHERE ctid = ANY (ARRAY(SELECT ctid FROM pgfifo.group_wake
+                                    WHERE queue = ANY (p_queues)
+                                    LIMIT p_limit FOR UPDATE SKIP LOCKED))
+            RETURNING queue, group_id)
+        SELECT queue, group_id, count(*) AS n FROM taken GROUP BY 1, 2 ORDER BY 1, 2
+    LOOP
+        -- The group row, locked, and whether the group is paused. Not found:
+        -- missing (created here), or locked by someone else.
+        FOR v_try IN 1 .. 2 LOOP
+            SELECT g.head_id, g.ready_at,
+                   EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                           WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+            INTO v_group FROM pgfifo.queue_group AS g
+            WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id
+            FOR NO KEY UPDATE OF g SKIP LOCKED;
+            v_locked := FOUND;
+            -- (A row someone holds is not inserted again: the insert would
+            -- wait for a transaction that updated it.)
+            EXIT WHEN v_locked OR v_try = 2
+                   OR EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                              WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id);
+            INSERT INTO pgfifo.queue_group (queue, group_id, slot)
+            VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_hash(v_wake.queue, v_wake.group_id))
+            ON CONFLICT (queue, group_id) DO NOTHING;
+        END LOOP;
+        IF NOT v_locked THEN
+            INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_wake.queue, v_wake.group_id);
+            CONTINUE;
+        END IF;
+        v_taken := v_taken + v_wake.n;
+        IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
+            -- Held: stays so while its head is failed and its queue holds.
+            CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                  WHERE j.id = v_group.head_id AND j.state = 'failed')
+                      AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                                  WHERE s.queue = v_wake.queue AND s.failure_policy = 'hold');
+        END IF;
+        CONTINUE WHEN v_group.paused;
+        SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
+        WHERE j.queue = v_wake.queue AND j.group_id = v_wake.group_id AND j.state = 'queued'
+        ORDER BY j.id LIMIT 1;
+        IF NOT FOUND THEN
+            IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
+                -- A released held group with nothing behind its head: idle.
+                -- (Enqueuers see a held group as inactive and always wake
+                -- it, so declaring it idle misses none of them.)
+                UPDATE pgfifo.queue_group SET head_id = NULL, idle_since = now()
+                WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF v_group.ready_at IS NOT NULL THEN
+            -- Active: only an older job, and only before the head started.
+            CONTINUE WHEN v_next.id >= v_group.head_id;
+            CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
+                                  WHERE a.job_id = v_group.head_id);
+        END IF;
+        UPDATE pgfifo.queue_group
+        SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after,
+            idle_since = NULL
+        WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+        IF v_next.run_after > v_now THEN
+            ready_later_us := ready_later_us
+                              || pgfifo.micros_until(v_next.run_after, clock_timestamp());
+        END IF;
+    END LOOP;
+    promoted := v_taken;
+END
+$$;

@@ -1,0 +1,298 @@
+-- The pick: free groups' heads (and ungrouped jobs), locked for a runner.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Picks up to p_limit jobs to run, of different groups, and locks them.
+-- Called as the first statement of the runner's job transaction T, after
+-- BEGIN. The jobs then run one after another in T (each handler in its own
+-- savepoint; see the runner's execute module for when several share T).
+--
+-- Locking contract: for every row with a job id returned, T holds
+--   * FOR UPDATE on the job's queue_group row (grouped jobs): no other runner
+--     can pick any job of the group until T ends;
+--   * FOR UPDATE on the job row;
+-- until T commits (outcomes written) or aborts (crash, lost connection,
+-- shutdown, idle timeout): then each job is still its group's head and runs
+-- again.
+--
+-- The group row is locked first, SKIP LOCKED. Under READ COMMITTED, locking
+-- re-reads the newest committed version of the row, so head_id is the head as
+-- of the moment the lock was taken, even if the statement's snapshot is older.
+-- The job row is then read and locked in a separate statement, whose snapshot
+-- is taken after the group lock was granted. Reading the head from the job
+-- table in the same statement as the group lock would use a snapshot that can
+-- predate the commit of the job that freed the group, and run it twice.
+--
+-- Which groups: the highest priority first; within a priority, free ready
+-- groups from slot p_slot on, wrapping around. Each worker passes the slot
+-- after the last one it served, so it sweeps the groups round-robin: every
+-- group with work is served once per sweep, none can keep the workers to
+-- itself, and concurrent pickers work at different places of the index
+-- instead of all fighting over its first rows. The returned slot is the
+-- group's (NULL for an ungrouped job). p_turn rotates the starting queue and
+-- alternates between grouped and ungrouped jobs so neither starves.
+--
+-- Each job row's `more` says whether more work may be ready: the walk ended
+-- at its cap (see below), or it took p_limit jobs and another group is
+-- ready or an ungrouped job is queued. p_held lists the jobs the caller's
+-- other lanes hold: their groups are not work left (their lanes look again
+-- for what follows them); a group held by another runner counts as ready.
+-- The runner then picks again after these jobs instead of waiting for a
+-- wake-up. (Their locks are still tried: a lane whose connection was cut
+-- holds nothing any more while its handler runs on, and its job must run
+-- again at once.)
+--
+-- A single row whose id is NULL means: a group was locked that turned out to
+-- have nothing to run (or was parked, see below); commit (releasing it) and
+-- pick again. That happens only when nothing was picked before it: a group
+-- that turns out empty after a job was picked is skipped (its lock is kept
+-- until T ends, which only delays it a moment).
+--
+-- A worker that stops without closing its connection (frozen by SIGSTOP, a
+-- stalled VM) would hold its groups forever. pick therefore bounds how long T
+-- may sit idle: p_idle_ms[i] for jobs of kind p_kinds[i], p_default_idle_ms
+-- for others (the runner passes each type's timeout plus a grace); with
+-- several jobs, the longest of theirs. Past it, the server ends the session,
+-- T aborts and the groups are free. (A peer that vanished from the network is
+-- detected by TCP keepalives: see docs/failure-model.md for the connection
+-- settings.)
+CREATE OR REPLACE FUNCTION pgfifo.pick(
+    p_queues          text[],
+    p_turn            integer,
+    p_slot            integer,
+    p_kinds           text[],
+    p_idle_ms         integer[],
+    p_default_idle_ms integer,
+    p_limit           integer,
+    p_held            bigint[] DEFAULT '{}'
+)
+RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
+               max_attempts integer, slot integer, more boolean)
+LANGUAGE plpgsql
+-- The plans must not depend on statistics (a fresh queue has none): without
+-- these, the planner may read every group of the queue through the primary
+-- key and sort them, instead of walking the ready index to the first free row.
+-- The penalties these settings add to the costs of other plans could push a
+-- query past the JIT thresholds; compiling would cost 100x running it.
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_n       integer := cardinality(p_queues);
+    v_turn    bigint := p_turn::bigint & 2147483647;
+    v_limit   integer := greatest(coalesce(p_limit, 1), 1);
+    v_count   integer := 0;
+    v_ids     bigint[] := '{}';
+    v_jobs    pgfifo.job[] := '{}';
+    v_slots   integer[] := '{}';
+    v_more    boolean := false;
+    v_seen    integer := 0;
+    v_idle    integer := 0;
+    v_q       text;
+    v_group   record;
+    v_cand    record;
+    v_lo      bigint;
+    v_hi      bigint;
+    v_job     pgfifo.job;
+    v_slot    integer := p_slot;
+    v_now     timestamptz := statement_timestamp();
+    v_bound   integer;
+    v_prio    smallint;
+BEGIN
+    -- Locks taken here must outlive this statement. In autocommit they would
+    -- be released at once, and the caller would run a job it does not hold.
+    -- The runner opens job transactions with BEGIN and a transaction-local
+    -- marker; if that BEGIN was skipped (the COMMIT before it failed), the
+    -- marker is absent.
+    IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'pgfifo.pick must run in a job transaction (BEGIN; SELECT set_config(''pgfifo.job_transaction'', ''on'', true))'
+            USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
+    END IF;
+    <<queues>>
+    FOR v_i IN 0 .. coalesce(v_n, 0) - 1 LOOP
+        v_q := p_queues[1 + (v_turn + v_i) % v_n];
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                              WHERE s.queue = v_q AND s.paused);
+        FOR v_kind IN 0 .. 1 LOOP
+            IF (v_kind + v_turn) % 2 = 0 THEN
+                v_bound := 32768;
+                LOOP
+                    -- The next priority level that has active groups.
+                    SELECT g.priority INTO v_prio FROM pgfifo.queue_group AS g
+                    WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority < v_bound
+                    ORDER BY g.priority DESC LIMIT 1;
+                    EXIT WHEN NOT FOUND;
+                    -- Candidates are read without locks, from the cursor to the
+                    -- end of the level, then from its start to the cursor. Each
+                    -- is then locked by its key. (A locking scan with the
+                    -- readiness conditions would keep the lock of a row that
+                    -- stopped matching between snapshot and lock, such as a
+                    -- group that just went idle, for the whole job.)
+                    FOR v_pass IN 0 .. 1 LOOP
+                        IF v_pass = 0 THEN
+                            v_lo := v_slot;
+                            v_hi := 2147483647;
+                        ELSE
+                            v_lo := -2147483648;
+                            v_hi := v_slot::bigint - 1;
+                        END IF;
+                        FOR v_cand IN
+                            SELECT g.group_id FROM pgfifo.queue_group AS g
+                            WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority = v_prio
+                              AND g.slot BETWEEN v_lo AND v_hi AND g.ready_at <= v_now
+                            ORDER BY g.slot
+                        LOOP
+                            -- A busy queue has more active groups than free
+                            -- ones: once jobs are picked, stop looking after a
+                            -- while instead of trying every group's lock.
+                            v_seen := v_seen + 1;
+                            v_more := v_count > 0 AND v_seen > 2 * v_limit + 8;
+                            EXIT queues WHEN v_more;
+                            -- (A pause committed while this statement runs is
+                            -- seen by the next pick.)
+                            SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
+                                   EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                           WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+                            INTO v_group
+                            FROM pgfifo.queue_group AS g
+                            WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                            FOR UPDATE OF g SKIP LOCKED;
+                            CONTINUE WHEN NOT FOUND; -- busy: another runner holds it
+                            -- Taken by this very pick already: a lock this
+                            -- transaction holds is granted to it again (the group
+                            -- can turn up at a lower priority level, whose read
+                            -- comes later).
+                            CONTINUE WHEN v_group.head_id = ANY (v_ids);
+                            IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL
+                               OR v_group.paused THEN
+                                -- Jobs are picked already: leave this group to
+                                -- a later pick (see above).
+                                CONTINUE WHEN v_count > 0;
+                                -- It changed since the candidate read (went idle, or
+                                -- its head is now waiting for a retry), or it is
+                                -- paused: park it (idle until resumed; its jobs
+                                -- stay queued). Parking declares the group idle,
+                                -- so it follows advance_head's protocol: only
+                                -- with the group's advisory lock (no enqueuer in
+                                -- flight, whose job resume's promote would not
+                                -- see), else try again in a moment. This lock
+                                -- lasts until T ends: return at once, and the
+                                -- caller commits and picks again.
+                                IF v_group.ready_at IS NOT NULL AND v_group.ready_at <= v_now
+                                   AND v_group.head_id IS NOT NULL THEN
+                                    IF pg_try_advisory_xact_lock(1885824614,
+                                                                 pgfifo.group_lock_key(v_q, v_group.group_id)) THEN
+                                        UPDATE pgfifo.queue_group AS g
+                                        SET head_id = NULL, ready_at = NULL, idle_since = v_now
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                    ELSE
+                                        UPDATE pgfifo.queue_group AS g
+                                        SET ready_at = v_now + interval '50 milliseconds'
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                    END IF;
+                                END IF;
+                                RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                    NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                RETURN;
+                            END IF;
+                            SELECT * INTO v_job FROM pgfifo.job AS j
+                            WHERE j.id = v_group.head_id AND j.state = 'queued'
+                            FOR UPDATE SKIP LOCKED;
+                            IF NOT FOUND THEN
+                                CONTINUE WHEN v_count > 0;
+                                IF EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                           WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
+                                    -- Locked by an operator's transaction (never by
+                                    -- a runner without the group): leave the group
+                                    -- to it.
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                    RETURN;
+                                END IF;
+                                -- The head was finished or deleted out of band.
+                                -- Repair the pointer; the row stays locked until T
+                                -- ends, so run this group's new head or nothing.
+                                PERFORM pgfifo.advance_head(v_group.queue, v_group.group_id, v_group.head_id);
+                                SELECT j.* INTO v_job
+                                FROM pgfifo.queue_group AS g
+                                JOIN pgfifo.job AS j ON j.id = g.head_id
+                                WHERE g.queue = v_group.queue AND g.group_id = v_group.group_id
+                                  AND g.ready_at <= v_now AND j.state = 'queued'
+                                FOR UPDATE OF j SKIP LOCKED;
+                                IF NOT FOUND THEN
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                    RETURN;
+                                END IF;
+                            END IF;
+                            v_jobs := v_jobs || v_job;
+                            v_slots := v_slots || v_group.slot;
+                            v_ids := v_ids || v_job.id;
+                            v_count := v_count + 1;
+                            EXIT queues WHEN v_count >= v_limit;
+                        END LOOP;
+                    END LOOP;
+                    v_bound := v_prio;
+                END LOOP;
+            ELSE
+                FOR v_job IN
+                    SELECT * FROM pgfifo.job AS j
+                    WHERE j.queue = v_q AND j.group_id IS NULL AND j.state = 'queued' AND j.run_after <= v_now
+                      AND j.id <> ALL (v_ids)
+                    ORDER BY j.priority DESC, j.run_after, j.id
+                    LIMIT v_limit - v_count
+                    FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_jobs := v_jobs || v_job;
+                    v_slots := v_slots || NULL::integer;
+                    v_ids := v_ids || v_job.id;
+                    v_count := v_count + 1;
+                END LOOP;
+                EXIT queues WHEN v_count >= v_limit;
+            END IF;
+        END LOOP;
+    END LOOP;
+    -- A pick that took all it could may have left other work ready: look
+    -- (without locks; a ready group that another runner holds counts too).
+    -- Jobs taken or held by the caller's lanes are not left work: at a few
+    -- hundred jobs a second, counting them sent most lanes to pick again
+    -- after every job, to find nothing.
+    IF v_count >= v_limit AND NOT v_more THEN
+        v_ids := v_ids || coalesce(array_remove(p_held, NULL), '{}');
+        v_more := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
+                            AND g.ready_at <= v_now AND NOT g.head_id = ANY (v_ids))
+               OR EXISTS (SELECT 1 FROM pgfifo.job AS j
+                          WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
+                            AND j.state = 'queued' AND j.run_after <= v_now
+                            AND NOT j.id = ANY (v_ids));
+    END IF;
+    -- The jobs are returned once the walk is over, so that each row can say
+    -- whether more work may be ready (the walk stopped at its cap, or work
+    -- was left above): the caller then looks again after these jobs instead
+    -- of waiting for a wake-up. (RETURN NEXT of the output columns, not
+    -- RETURN QUERY: no query to start per job.)
+    FOR v_i IN 1 .. v_count LOOP
+        v_job := v_jobs[v_i];
+        v_idle := greatest(v_idle, coalesce(p_idle_ms[array_position(p_kinds, v_job.kind)],
+                                            p_default_idle_ms));
+        id := v_job.id;
+        queue := v_job.queue;
+        group_id := v_job.group_id;
+        kind := v_job.kind;
+        payload := v_job.payload;
+        max_attempts := v_job.max_attempts + v_job.attempt_base;
+        slot := v_slots[v_i];
+        more := v_more;
+        RETURN NEXT;
+    END LOOP;
+    IF v_count > 0 THEN
+        PERFORM set_config('idle_in_transaction_session_timeout', v_idle::text, true);
+    END IF;
+END
+$$;

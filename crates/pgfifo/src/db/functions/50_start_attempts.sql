@@ -1,0 +1,33 @@
+-- Recording the start of attempts, outside the jobs' transactions.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Records the start of an attempt for each job, in autocommit, outside the
+-- jobs' transactions. Returns the attempt number of each job that still has
+-- attempts left; a job missing from the result has used them all (earlier
+-- attempts were interrupted) and must be marked failed. The caller holds each
+-- job's locks, so no one else records attempts of these jobs concurrently.
+--
+-- The commit does not wait for the WAL flush (synchronous_commit is off for
+-- this transaction only): the record is visible at once and durable within
+-- the WAL writer's delay. A crash of the runner's process loses nothing; a
+-- crash of the server can lose the newest records, giving those jobs one
+-- extra attempt.
+CREATE OR REPLACE FUNCTION pgfifo.start_attempts(p_ids bigint[], p_max integer[], p_runner text)
+RETURNS TABLE (job_id bigint, attempt integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY
+    INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner)
+    SELECT t.id, coalesce(m.n, 0) + 1, p_runner
+    FROM unnest(p_ids, p_max) AS t(id, max_attempts)
+    CROSS JOIN LATERAL (SELECT max(x.attempt) AS n FROM pgfifo.job_attempt x WHERE x.job_id = t.id) AS m
+    WHERE coalesce(m.n, 0) < t.max_attempts
+    RETURNING a.job_id, a.attempt;
+END
+$$;

@@ -1,0 +1,180 @@
+-- Writing the outcomes of a pick's jobs.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Writes the outcomes of the attempts of a pick's jobs, in their transaction,
+-- just before it commits: element i of each array is job i's. p_outcomes[i]
+-- is 'succeeded', 'retry', 'failed' or 'cancelled'. A retry keeps the job at
+-- the head of its group until p_retry_delay_us[i] passes; any other outcome
+-- advances the head. p_queues and p_groups are the jobs' (the caller has them
+-- from pick); the jobs are of different groups, as pick returns them.
+--
+-- A grouped job that failed for good in a queue whose failure policy is
+-- 'hold' stays its group's head and holds it (see queue_group).
+--
+-- Reports the work these jobs left that nobody is woken for: a group's next
+-- head (enqueues into an active group wake nobody), a retry, a group
+-- advance_head could not yet declare idle. ready_now: some is ready now (the
+-- runner picks again for it); ready_later_us: in how many microseconds each
+-- of the rest is ready (NULL: none), when the runner looks again.
+CREATE OR REPLACE FUNCTION pgfifo.complete(
+    p_ids              bigint[],
+    p_attempts         integer[],
+    p_outcomes         text[],
+    p_errors           text[],
+    p_results          jsonb[],
+    p_retry_delay_us   bigint[],
+    p_queues           text[],
+    p_groups           text[],
+    OUT ready_now      boolean,
+    OUT ready_later_us bigint[]
+)
+LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_n        integer := coalesce(cardinality(p_ids), 0);
+    v_advanced integer;
+    v_moved    bigint[];
+    v_ready_in bigint;
+    v_id       bigint;
+    v_queue    text;
+    v_group    text;
+    v_outcome  text;
+BEGIN
+    -- (Array expressions, not queries: plpgsql evaluates them without
+    -- starting an executor.)
+    IF NOT coalesce(p_outcomes <@ ARRAY['succeeded', 'retry', 'failed', 'cancelled'], false) THEN
+        RAISE EXCEPTION 'pgfifo complete: unknown outcome in %', p_outcomes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The jobs' transaction must still be the one that picked them: a
+    -- handler that sent COMMIT itself has released their locks.
+    IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)'
+            USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
+    END IF;
+    ready_now := false;
+    -- The common case: the group has a next job, which becomes the head (a
+    -- HOT update when it is ready at once). Not for retries (the job stays
+    -- the head) nor for failures that hold their group. For several jobs, in
+    -- one statement for all; a single job takes the cheaper statement below.
+    IF v_n > 1 THEN
+        WITH done AS (
+            SELECT t.done_id, t.q, t.grp
+            FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
+            WHERE t.grp IS NOT NULL AND t.outcome <> 'retry'
+              AND NOT (t.outcome = 'failed'
+                       AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                                   WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
+        moved AS (
+            UPDATE pgfifo.queue_group AS g
+            SET head_id  = next.id,
+                priority = next.priority,
+                ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
+                                THEN g.ready_at ELSE next.run_after END
+            FROM done
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+                WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
+                ORDER BY j.id LIMIT 1) AS next
+            WHERE g.queue = done.q AND g.group_id = done.grp
+            RETURNING done.done_id, pgfifo.micros_until(next.run_after, v_now) AS ready_in)
+        SELECT array_agg(moved.done_id), coalesce(bool_or(moved.ready_in = 0), false),
+               array_agg(moved.ready_in) FILTER (WHERE moved.ready_in > 0)
+        INTO v_moved, ready_now, ready_later_us FROM moved;
+    END IF;
+    FOR v_i IN 1 .. v_n LOOP
+        v_id := p_ids[v_i];
+        v_queue := p_queues[v_i];
+        v_group := p_groups[v_i];
+        v_outcome := p_outcomes[v_i];
+        -- A retry is work that nobody is woken for either.
+        IF v_outcome = 'retry' THEN
+            v_ready_in := greatest(coalesce(p_retry_delay_us[v_i], 0), 0);
+            ready_now := ready_now OR coalesce(v_ready_in = 0, false);
+            IF v_ready_in > 0 THEN
+                ready_later_us := ready_later_us || v_ready_in;
+            END IF;
+        END IF;
+        CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
+        IF v_outcome = 'retry' THEN
+            UPDATE pgfifo.queue_group
+            SET ready_at = v_now + p_retry_delay_us[v_i] * interval '1 microsecond'
+            WHERE queue = v_queue AND group_id = v_group;
+        ELSIF v_outcome = 'failed'
+              AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                          WHERE s.queue = v_queue AND s.failure_policy = 'hold') THEN
+            UPDATE pgfifo.queue_group SET head_id = v_id, ready_at = NULL
+            WHERE queue = v_queue AND group_id = v_group;
+        ELSE
+            v_advanced := 0;
+            IF v_n = 1 THEN
+                WITH next AS (
+                    SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+                    WHERE j.queue = v_queue AND j.group_id = v_group AND j.state = 'queued'
+                      AND j.id <> v_id
+                    ORDER BY j.id LIMIT 1),
+                moved AS (
+                    UPDATE pgfifo.queue_group AS g
+                    SET head_id  = next.id,
+                        priority = next.priority,
+                        ready_at = CASE WHEN next.run_after <= v_now AND g.ready_at <= v_now
+                                        THEN g.ready_at ELSE next.run_after END
+                    FROM next
+                    WHERE g.queue = v_queue AND g.group_id = v_group
+                    RETURNING pgfifo.micros_until(next.run_after, v_now) AS ready_in)
+                SELECT count(*), min(moved.ready_in)
+                INTO v_advanced, v_ready_in FROM moved;
+            END IF;
+            -- No next job visible: advance_head decides whether the group is
+            -- idle (it never waits; see there).
+            IF v_advanced = 0 THEN
+                v_ready_in := pgfifo.advance_head(v_queue, v_group, v_id);
+            END IF;
+            ready_now := ready_now OR coalesce(v_ready_in = 0, false);
+            IF v_ready_in > 0 THEN
+                ready_later_us := ready_later_us || v_ready_in;
+            END IF;
+        END IF;
+    END LOOP;
+    IF v_n = 1 THEN
+        UPDATE pgfifo.job SET
+            state       = CASE WHEN v_outcome = 'retry' THEN 'queued' ELSE v_outcome END,
+            attempts    = p_attempts[1],
+            last_error  = coalesce(p_errors[1], last_error),
+            result      = p_results[1],
+            run_after   = CASE WHEN v_outcome = 'retry'
+                               THEN v_now + p_retry_delay_us[1] * interval '1 microsecond'
+                               ELSE run_after END,
+            finished_at = CASE WHEN v_outcome = 'retry' THEN NULL ELSE v_now END
+        WHERE id = v_id;
+    ELSE
+        UPDATE pgfifo.job AS j SET
+            state       = CASE WHEN t.outcome = 'retry' THEN 'queued' ELSE t.outcome END,
+            attempts    = t.attempt,
+            last_error  = coalesce(t.error, j.last_error),
+            result      = t.result,
+            run_after   = CASE WHEN t.outcome = 'retry'
+                               THEN v_now + t.delay_us * interval '1 microsecond'
+                               ELSE j.run_after END,
+            finished_at = CASE WHEN t.outcome = 'retry' THEN NULL ELSE v_now END
+        FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
+             AS t(id, attempt, outcome, error, result, delay_us)
+        WHERE j.id = t.id;
+    END IF;
+    IF cardinality(array_remove(p_errors, NULL)) > 0 THEN
+        UPDATE pgfifo.job_attempt AS a SET error = t.error, finished_at = v_now
+        FROM unnest(p_ids, p_attempts, p_errors) AS t(id, attempt, error)
+        WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt;
+    END IF;
+    RETURN;
+END
+$$;

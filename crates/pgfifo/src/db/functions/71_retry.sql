@@ -1,0 +1,110 @@
+-- Putting failed jobs back, in order.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Puts failed jobs back in their queues: each becomes queued again with a
+-- fresh budget of max_attempts, and runs next in its group (ids keep the
+-- original order: a retried job comes before every job enqueued after it).
+-- Returns one row per input id: 'retried', 'not_failed' (queued or finished
+-- otherwise; left alone), 'unique_key_taken' (another queued job holds its
+-- unique key) or 'missing'.
+--
+-- The group's head is moved to the retried job at once when the group row is
+-- free. When it is locked, a job of the group is running: its completion
+-- advances the head to the oldest queued job (usually the retried one; a
+-- completion whose snapshot predates the retry takes the next); a wake row
+-- makes promote check again once the row is free. A held group is released
+-- only if its failed head is among the retried jobs: other retried jobs of it
+-- wait behind the held head, in order.
+CREATE OR REPLACE FUNCTION pgfifo.retry_jobs(p_ids bigint[])
+RETURNS TABLE (id bigint, result text)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_job     record;
+    v_retried bigint[] := '{}';
+    v_group   record;
+    v_head    record;
+    v_next    record;
+BEGIN
+    PERFORM pgfifo.require_read_committed('retry');
+    FOR v_job IN
+        SELECT j.id, j.queue, j.unique_key FROM pgfifo.job AS j
+        WHERE j.id = ANY (p_ids) AND j.state = 'failed'
+        ORDER BY j.id
+        FOR UPDATE
+    LOOP
+        IF v_job.unique_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM pgfifo.job AS q
+            WHERE q.queue = v_job.queue AND q.unique_key = v_job.unique_key AND q.state = 'queued'
+        ) THEN
+            id := v_job.id;
+            result := 'unique_key_taken';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        BEGIN
+            UPDATE pgfifo.job AS j
+            SET state = 'queued', run_after = now(), finished_at = NULL,
+                attempt_base = greatest(j.attempts,
+                    coalesce((SELECT max(a.attempt) FROM pgfifo.job_attempt AS a WHERE a.job_id = j.id), 0))
+            WHERE j.id = v_job.id;
+        EXCEPTION WHEN unique_violation THEN
+            -- An enqueue of the same key committed meanwhile.
+            id := v_job.id;
+            result := 'unique_key_taken';
+            RETURN NEXT;
+            CONTINUE;
+        END;
+        v_retried := v_retried || v_job.id;
+        id := v_job.id;
+        result := 'retried';
+        RETURN NEXT;
+    END LOOP;
+
+    RETURN QUERY
+    SELECT t.id, CASE WHEN EXISTS (SELECT 1 FROM pgfifo.job AS j WHERE j.id = t.id)
+                      THEN 'not_failed' ELSE 'missing' END
+    FROM unnest(p_ids) AS t(id)
+    WHERE NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
+                      WHERE j.id = t.id AND (j.id = ANY (v_retried) OR j.state = 'failed'));
+
+    FOR v_group IN
+        SELECT DISTINCT j.queue, j.group_id FROM pgfifo.job AS j
+        WHERE j.id = ANY (v_retried) AND j.group_id IS NOT NULL
+        ORDER BY 1, 2
+    LOOP
+        SELECT g.head_id, g.ready_at INTO v_head FROM pgfifo.queue_group AS g
+        WHERE g.queue = v_group.queue AND g.group_id = v_group.group_id
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- Locked (a job runs) or missing (never promoted): promote sees to it.
+            INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_group.queue, v_group.group_id);
+            CONTINUE;
+        END IF;
+        IF v_head.head_id IS NULL AND EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                WHERE p.queue = v_group.queue AND p.group_id = v_group.group_id) THEN
+            CONTINUE; -- paused and parked: resuming wakes it
+        END IF;
+        SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
+        WHERE j.queue = v_group.queue AND j.group_id = v_group.group_id AND j.state = 'queued'
+        ORDER BY j.id LIMIT 1;
+        IF v_head.head_id IS NOT NULL AND v_head.ready_at IS NULL
+           AND NOT v_head.head_id = ANY (v_retried) THEN
+            CONTINUE; -- held at a job not retried: the retried ones wait behind it
+        END IF;
+        -- Idle, held at a retried job, or behind the retried job.
+        IF v_head.head_id IS NULL OR v_head.ready_at IS NULL OR v_next.id < v_head.head_id THEN
+            UPDATE pgfifo.queue_group
+            SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after,
+                idle_since = NULL
+            WHERE queue = v_group.queue AND group_id = v_group.group_id;
+        END IF;
+    END LOOP;
+
+    PERFORM pg_notify('pgfifo', q)
+    FROM (SELECT DISTINCT j.queue FROM pgfifo.job AS j WHERE j.id = ANY (v_retried)) AS s(q);
+END
+$$;

@@ -1,0 +1,46 @@
+-- Skipping a group's head.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Marks the head of a group failed (if it is not already: a held head is
+-- failed) and lets the group go on. Returns the head's id; NULL when the
+-- group has no head (idle, or paused: its jobs wait until it is resumed).
+-- Raises when the group is locked: its head is running.
+CREATE OR REPLACE FUNCTION pgfifo.skip_head(p_queue text, p_group text, p_reason text) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_head    bigint;
+    v_ready   timestamptz;
+    v_skipped integer;
+BEGIN
+    PERFORM pgfifo.require_read_committed('skip-head');
+    IF pgfifo.lock_group(p_queue, p_group) THEN
+        SELECT g.head_id, g.ready_at INTO v_head, v_ready FROM pgfifo.queue_group AS g
+        WHERE g.queue = p_queue AND g.group_id = p_group;
+    ELSE
+        IF EXISTS (SELECT 1 FROM pgfifo.queue_group AS g WHERE g.queue = p_queue AND g.group_id = p_group) THEN
+            RAISE EXCEPTION 'the head of group % in queue % is running', p_group, p_queue
+                USING ERRCODE = 'lock_not_available', CONSTRAINT = 'pgfifo_group_busy',
+                      HINT = 'wait for it to finish, or let its timeout end it';
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF v_head IS NULL THEN
+        RETURN NULL;
+    END IF;
+    UPDATE pgfifo.job
+    SET state = 'failed',
+        finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END,
+        last_error = coalesce(p_reason, last_error)
+    WHERE id = v_head AND (state = 'queued' OR (state = 'failed' AND v_ready IS NULL));
+    GET DIAGNOSTICS v_skipped = ROW_COUNT;
+    PERFORM pgfifo.advance_head(p_queue, p_group, v_head);
+    PERFORM pg_notify('pgfifo', p_queue);
+    -- A head left pointing at a job that finished (see advance_head) was
+    -- only repaired, not skipped.
+    RETURN CASE WHEN v_skipped > 0 THEN v_head END;
+END
+$$;

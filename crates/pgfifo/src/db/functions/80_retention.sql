@@ -1,0 +1,64 @@
+-- Deleting old finished jobs and long-idle groups.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+
+-- Deletes finished jobs (in p_states) that finished before p_before, with
+-- their attempt records, walking the table in id order from p_after_id and
+-- looking at p_limit rows at most: short transactions, resumable. A job that
+-- is still some group's head (a held failed head) is kept. Returns how many
+-- were deleted, the last id looked at, whether the walk is over (the end of
+-- the table, or jobs created after p_before, which cannot qualify), and the
+-- first id looked at that a later walk may still have to delete (unfinished,
+-- or finished too recently, or kept as a head): a caller that walks again
+-- can start there instead of at the beginning.
+CREATE OR REPLACE FUNCTION pgfifo.purge_jobs(p_before timestamptz, p_states text[], p_after_id bigint, p_limit integer)
+RETURNS TABLE (deleted bigint, last_id bigint, done boolean, first_pending bigint)
+LANGUAGE sql
+BEGIN ATOMIC
+    WITH scanned AS (
+        SELECT j.id, j.queue, j.group_id, j.state, j.finished_at, j.created_at
+        FROM pgfifo.job AS j
+        WHERE j.id > p_after_id
+        ORDER BY j.id
+        LIMIT p_limit),
+    doomed AS (
+        DELETE FROM pgfifo.job AS j
+        USING scanned AS s
+        WHERE j.id = s.id AND s.state = ANY (p_states) AND s.finished_at < p_before
+          AND j.state = ANY (p_states)
+          AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.queue = s.queue AND g.group_id = s.group_id AND g.head_id = s.id)
+        RETURNING j.id),
+    attempts AS (
+        DELETE FROM pgfifo.job_attempt AS a USING doomed AS d WHERE a.job_id = d.id)
+    SELECT (SELECT count(*) FROM doomed),
+           coalesce((SELECT max(s.id) FROM scanned AS s), p_after_id),
+           (SELECT count(*) < p_limit OR bool_or(s.created_at >= p_before) FROM scanned AS s),
+           (SELECT min(s.id) FROM scanned AS s
+            WHERE s.state = 'queued'
+               OR (s.state = ANY (p_states) AND s.id NOT IN (SELECT d.id FROM doomed AS d)));
+END;
+
+-- Deletes queue_group rows idle since before p_before (at most p_limit), for
+-- queues with many short-lived groups. A deleted group is recreated by the
+-- next enqueue into it, exactly as a new one. Paused groups are kept (the
+-- pause row would outlive them anyway, but listing them stays simple).
+CREATE OR REPLACE FUNCTION pgfifo.clean_groups(p_before timestamptz, p_limit integer) RETURNS bigint
+LANGUAGE sql
+BEGIN ATOMIC
+    WITH victims AS (
+        SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
+        WHERE g.head_id IS NULL AND g.ready_at IS NULL
+          AND coalesce(g.idle_since, g.created_at) < p_before
+          AND NOT EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                          WHERE p.queue = g.queue AND p.group_id = g.group_id)
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED),
+    gone AS (
+        DELETE FROM pgfifo.queue_group AS g USING victims AS v
+        WHERE g.queue = v.queue AND g.group_id = v.group_id
+        RETURNING 1)
+    SELECT count(*) FROM gone;
+END;

@@ -1,0 +1,439 @@
+//! The runner's statements: its job transactions, the pick, the attempt
+//! bookkeeping, completion, promotion and wake-ups.
+//!
+//! Most of the logic is in the schema's functions (`db/functions/`), so that
+//! pick and completion are one round trip each and their locking contracts
+//! sit next to the tables they lock. The calls on the hot path are
+//! [`Cached`](super::statement::Cached): prepared once per connection.
+
+use std::time::Duration;
+
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use super::statement::{bind, cached};
+use crate::JobId;
+
+/// Opens a job transaction, marked so that `pgfifo.pick` and
+/// `pgfifo.complete` can tell it from autocommit (see `pgfifo.pick`). Utility
+/// statements in one simple query: parsed, never planned.
+pub(crate) const BEGIN_JOB: &str = "BEGIN; SET LOCAL pgfifo.job_transaction = on";
+/// Commits the last jobs' outcomes and opens the next job transaction. If
+/// the COMMIT fails, PostgreSQL skips the rest, and a pick sent behind it
+/// refuses to run outside a job transaction.
+pub(crate) const COMMIT_AND_BEGIN: &str = "COMMIT; BEGIN; SET LOCAL pgfifo.job_transaction = on";
+/// Commits a job transaction.
+pub(crate) const COMMIT: &str = "COMMIT";
+/// Rolls a job transaction back.
+pub(crate) const ROLLBACK: &str = "ROLLBACK";
+/// The savepoint the handlers of a pick run in: rolling back to it discards
+/// a failed handler's writes and keeps the jobs' locks.
+pub(crate) const HANDLER_SAVEPOINT: &str = "SAVEPOINT pgfifo_handler";
+/// Ends the handlers' savepoint, keeping what is in it.
+pub(crate) const RELEASE_HANDLER_SAVEPOINT: &str = "RELEASE SAVEPOINT pgfifo_handler";
+/// Discards what a handler wrote (the savepoint stays, for the next one).
+pub(crate) const ROLLBACK_TO_HANDLER_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT pgfifo_handler";
+/// Checks the handler's deferred constraints before its success is written.
+pub(crate) const CHECK_CONSTRAINTS: &str = "SET CONSTRAINTS ALL IMMEDIATE";
+/// A round trip that proves the connection alive.
+pub(crate) const PING: &str = "SELECT 1";
+
+/// Subscribes a connection to both wake-up channels.
+pub(crate) const LISTEN: &str = "LISTEN pgfifo; LISTEN pgfifo_groups";
+
+/// Work may be ready in a queue (payload: the queue name): an ungrouped job,
+/// a group an operator released. A runner wakes a lane for it.
+pub(crate) const CHANNEL: &str = "pgfifo";
+
+/// Enqueuers woke groups of a queue (payload: the queue name): they become
+/// pickable once promoted, and a runner wakes a lane per group it promoted.
+pub(crate) const GROUPS_CHANNEL: &str = "pgfifo_groups";
+
+/// A job locked by `pgfifo.pick`, with the backend pid of the connection that
+/// holds it (to cancel a runaway query of a timed-out handler).
+#[derive(Debug)]
+pub(crate) struct PickedJob {
+    pub id: JobId,
+    pub queue: String,
+    pub group_id: Option<String>,
+    pub kind: String,
+    pub payload: serde_json::Value,
+    pub max_attempts: i32,
+    /// The group's place in the pick's round-robin order (`None`: ungrouped).
+    pub sweep_slot: Option<i32>,
+    pub backend_pid: i32,
+}
+
+/// What a pick found.
+#[derive(Debug)]
+pub(crate) enum Picked {
+    /// Jobs to run, of different groups, each locked.
+    Jobs {
+        jobs: Vec<PickedJob>,
+        /// The pick stopped before it ran out of candidates (at its limit or
+        /// its cap): more groups may be free and ready now.
+        more: bool,
+    },
+    /// A group was locked that turned out to have nothing to run (it changed
+    /// after the candidate read, or was parked): commit to release it and
+    /// pick again. Carries the group's sweep slot.
+    ReleaseAndPickAgain(Option<i32>),
+    /// Nothing to run.
+    Nothing,
+}
+
+#[derive(QueryableByName)]
+struct PickRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    id: Option<i64>,
+    #[diesel(sql_type = Text)]
+    queue: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    group_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    kind: Option<String>,
+    #[diesel(sql_type = Nullable<Jsonb>)]
+    payload: Option<serde_json::Value>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    max_attempts: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    slot: Option<i32>,
+    #[diesel(sql_type = Nullable<Bool>)]
+    more: Option<bool>,
+    #[diesel(sql_type = Integer)]
+    backend_pid: i32,
+}
+
+const PICK: &str = "SELECT id, queue, group_id, kind, payload, max_attempts, slot, more, \
+                           pg_backend_pid() AS backend_pid \
+                    FROM pgfifo.pick($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// What a pick asks for.
+#[derive(Debug)]
+pub(crate) struct PickRequest<'a> {
+    pub queues: &'a [String],
+    /// Rotates the queue and the kind of job a pick starts with.
+    pub turn: i32,
+    /// Where the round-robin sweep over the groups continues.
+    pub sweep_from: i32,
+    pub idle: &'a IdleBounds,
+    pub limit: i32,
+    /// Jobs the caller's other lanes hold (not work left for later).
+    pub held_elsewhere: &'a [i64],
+}
+
+/// Locks and returns up to `limit` jobs of `queues`, of different groups, in
+/// the caller's transaction. See `pgfifo.pick` for the locking contract.
+///
+/// Takes a shared reference so that it can be pipelined behind the previous
+/// jobs' `COMMIT; BEGIN` (see the lanes).
+pub(crate) async fn pick(
+    mut conn: &AsyncPgConnection,
+    request: &PickRequest<'_>,
+) -> diesel::QueryResult<Picked> {
+    let rows: Vec<PickRow> = cached(
+        PICK,
+        (
+            bind::<Array<Text>, _>(request.queues),
+            bind::<Integer, _>(request.turn),
+            bind::<Integer, _>(request.sweep_from),
+            bind::<Array<Text>, _>(&request.idle.kinds),
+            bind::<Array<Integer>, _>(&request.idle.idle_ms),
+            bind::<Integer, _>(request.idle.default_idle_ms),
+            bind::<Integer, _>(request.limit),
+            bind::<Array<BigInt>, _>(request.held_elsewhere),
+        ),
+    )
+    .load(&mut conn)
+    .await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    let mut more = false;
+    for row in rows {
+        more |= row.more.unwrap_or(false);
+        match (row.id, row.kind, row.payload, row.max_attempts) {
+            (Some(id), Some(kind), Some(payload), Some(max_attempts)) => jobs.push(PickedJob {
+                id,
+                queue: row.queue,
+                group_id: row.group_id,
+                kind,
+                payload,
+                max_attempts,
+                sweep_slot: row.slot,
+                backend_pid: row.backend_pid,
+            }),
+            // pick returns such a row only alone.
+            _ => return Ok(Picked::ReleaseAndPickAgain(row.slot)),
+        }
+    }
+    Ok(if jobs.is_empty() {
+        Picked::Nothing
+    } else {
+        Picked::Jobs { jobs, more }
+    })
+}
+
+/// How long a job's transaction may sit idle, per job type, before the server
+/// ends the session (see `pgfifo.pick`): the type's timeout plus a grace.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct IdleBounds {
+    pub kinds: Vec<String>,
+    pub idle_ms: Vec<i32>,
+    pub default_idle_ms: i32,
+}
+
+#[derive(QueryableByName)]
+struct AttemptRow {
+    #[diesel(sql_type = BigInt)]
+    job_id: i64,
+    #[diesel(sql_type = Integer)]
+    attempt: i32,
+}
+
+const START_ATTEMPTS: &str = "SELECT job_id, attempt FROM pgfifo.start_attempts($1, $2, $3)";
+
+/// Records the start of an attempt for each job (autocommit, outside the jobs'
+/// transactions). Returns `(job id, attempt number)` for the jobs that still
+/// had attempts left.
+pub(crate) async fn start_attempts(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    max_attempts: &[i32],
+    runner: &str,
+) -> diesel::QueryResult<Vec<(i64, i32)>> {
+    let rows: Vec<AttemptRow> = cached(
+        START_ATTEMPTS,
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<Array<Integer>, _>(max_attempts),
+            bind::<Text, _>(runner),
+        ),
+    )
+    .load(conn)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
+}
+
+const FORGET_ATTEMPTS: &str = "DELETE FROM pgfifo.job_attempt AS a \
+                               USING unnest($1, $2) AS t(job_id, attempt) \
+                               WHERE a.job_id = t.job_id AND a.attempt = t.attempt";
+
+/// Deletes the records of attempts that never ran their handler (handed back,
+/// or aborted by shutdown), so they do not use up the jobs' attempts.
+pub(crate) async fn forget_attempts(
+    conn: &mut AsyncPgConnection,
+    job_ids: &[i64],
+    attempts: &[i32],
+) -> diesel::QueryResult<usize> {
+    cached(
+        FORGET_ATTEMPTS,
+        (
+            bind::<Array<BigInt>, _>(job_ids),
+            bind::<Array<Integer>, _>(attempts),
+        ),
+    )
+    .execute(conn)
+    .await
+}
+
+const NOTE_ATTEMPT_ERROR: &str =
+    "UPDATE pgfifo.job_attempt SET error = $1, finished_at = clock_timestamp() \
+                                  WHERE job_id = $2 AND attempt = $3";
+
+/// Notes the error of an attempt whose transaction could not record it (its
+/// connection was lost or had to be discarded).
+pub(crate) async fn note_attempt_error(
+    conn: &mut AsyncPgConnection,
+    job_id: i64,
+    attempt: i32,
+    error: &str,
+) -> diesel::QueryResult<usize> {
+    cached(
+        NOTE_ATTEMPT_ERROR,
+        (
+            bind::<Text, _>(error),
+            bind::<BigInt, _>(job_id),
+            bind::<Integer, _>(attempt),
+        ),
+    )
+    .execute(conn)
+    .await
+}
+
+const CANCEL_BACKEND: &str = "SELECT pg_cancel_backend($1)";
+
+/// Asks the server to cancel the statement running on backend `pid`.
+pub(crate) async fn cancel_backend(
+    conn: &mut AsyncPgConnection,
+    pid: i32,
+) -> diesel::QueryResult<usize> {
+    cached(CANCEL_BACKEND, (bind::<Integer, _>(pid),))
+        .execute(conn)
+        .await
+}
+
+/// The state `pgfifo.complete` writes for one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Completed {
+    Succeeded,
+    /// Failed an attempt; stays its group's head until the retry is due.
+    Retry,
+    Failed,
+    Cancelled,
+}
+
+impl Completed {
+    fn as_sql(self) -> &'static str {
+        match self {
+            Completed::Succeeded => "succeeded",
+            Completed::Retry => "retry",
+            Completed::Failed => "failed",
+            Completed::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The outcome of one job's attempt, as [`complete`] writes it.
+#[derive(Debug)]
+pub(crate) struct Completion<'a> {
+    pub job: &'a PickedJob,
+    pub attempt: i32,
+    pub state: Completed,
+    pub error: Option<&'a str>,
+    pub result: Option<&'a serde_json::Value>,
+    /// For a retry: in how many microseconds it is due.
+    pub retry_delay_us: Option<i64>,
+}
+
+#[derive(QueryableByName)]
+struct LeftRow {
+    #[diesel(sql_type = Bool)]
+    ready_now: bool,
+    #[diesel(sql_type = Nullable<Array<BigInt>>)]
+    ready_later_us: Option<Vec<i64>>,
+}
+
+/// The work a pick's jobs left that nobody is woken for (a group's next job,
+/// a retry; see `pgfifo.complete`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LeftWork {
+    /// Some is ready now.
+    pub now: bool,
+    /// How soon each of the rest is ready.
+    pub later: Vec<Duration>,
+}
+
+/// Counts of microseconds from the server (never negative there; NULL: none).
+fn micros_each(us: Option<Vec<i64>>) -> Vec<Duration> {
+    us.unwrap_or_default()
+        .into_iter()
+        .map(|us| Duration::from_micros(us.max(0) as u64))
+        .collect()
+}
+
+const COMPLETE: &str = "SELECT ready_now, ready_later_us \
+                        FROM pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// Writes the outcomes of a pick's jobs in their transaction (which then
+/// commits), in one statement, and reports the work they left.
+///
+/// Takes a shared reference so it can be pipelined behind a simple query.
+pub(crate) async fn complete(
+    mut conn: &AsyncPgConnection,
+    done: &[Completion<'_>],
+) -> diesel::QueryResult<LeftWork> {
+    let ids: Vec<i64> = done.iter().map(|d| d.job.id).collect();
+    let attempts: Vec<i32> = done.iter().map(|d| d.attempt).collect();
+    let states: Vec<&str> = done.iter().map(|d| d.state.as_sql()).collect();
+    let errors: Vec<Option<&str>> = done.iter().map(|d| d.error).collect();
+    let results: Vec<Option<&serde_json::Value>> = done.iter().map(|d| d.result).collect();
+    let delays: Vec<Option<i64>> = done.iter().map(|d| d.retry_delay_us).collect();
+    let queues: Vec<&str> = done.iter().map(|d| d.job.queue.as_str()).collect();
+    let groups: Vec<Option<&str>> = done.iter().map(|d| d.job.group_id.as_deref()).collect();
+    let row: LeftRow = cached(
+        COMPLETE,
+        (
+            bind::<Array<BigInt>, _>(ids),
+            bind::<Array<Integer>, _>(attempts),
+            bind::<Array<Text>, _>(states),
+            bind::<Array<Nullable<Text>>, _>(errors),
+            bind::<Array<Nullable<Jsonb>>, _>(results),
+            bind::<Array<Nullable<BigInt>>, _>(delays),
+            bind::<Array<Text>, _>(queues),
+            bind::<Array<Nullable<Text>>, _>(groups),
+        ),
+    )
+    .get_result(&mut conn)
+    .await?;
+    Ok(LeftWork {
+        now: row.ready_now,
+        later: micros_each(row.ready_later_us),
+    })
+}
+
+#[derive(QueryableByName)]
+struct PromotedRow {
+    #[diesel(sql_type = Integer)]
+    promoted: i32,
+    #[diesel(sql_type = Nullable<Array<BigInt>>)]
+    ready_later_us: Option<Vec<i64>>,
+}
+
+/// What a promote did (see `pgfifo.promote`).
+#[derive(Debug, Clone)]
+pub(crate) struct Promoted {
+    /// The wake rows it consumed: how many groups became active, at most.
+    pub groups: i32,
+    /// How soon each head it set that is not ready yet is ready.
+    pub later: Vec<Duration>,
+}
+
+const PROMOTE: &str = "SELECT promoted, ready_later_us FROM pgfifo.promote($1, $2)";
+
+/// Makes groups that enqueuers woke active (autocommit, its own short
+/// transaction; never inside a job's transaction).
+pub(crate) async fn promote(
+    conn: &mut AsyncPgConnection,
+    queues: &[String],
+    limit: i32,
+) -> diesel::QueryResult<Promoted> {
+    let row: PromotedRow = cached(
+        PROMOTE,
+        (bind::<Array<Text>, _>(queues), bind::<Integer, _>(limit)),
+    )
+    .get_result(conn)
+    .await?;
+    Ok(Promoted {
+        groups: row.promoted,
+        later: micros_each(row.ready_later_us),
+    })
+}
+
+#[derive(QueryableByName)]
+struct PidRow {
+    #[diesel(sql_type = Integer)]
+    pid: i32,
+}
+
+/// The backend process id of this connection (the sender's id in the
+/// notifications it sends).
+pub(crate) async fn backend_pid(conn: &mut AsyncPgConnection) -> diesel::QueryResult<i32> {
+    let row: PidRow = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result(conn)
+        .await?;
+    Ok(row.pid)
+}
+
+const ANNOUNCE: &str = "SELECT pg_notify('pgfifo', q) FROM unnest($1::text[]) AS q";
+
+/// Tells other runners of `queues` that work is ready there (autocommit: sent
+/// at once), on [`CHANNEL`].
+pub(crate) async fn announce(
+    conn: &mut AsyncPgConnection,
+    queues: &[String],
+) -> diesel::QueryResult<()> {
+    cached(ANNOUNCE, (bind::<Array<Text>, _>(queues),))
+        .execute(conn)
+        .await
+        .map(drop)
+}

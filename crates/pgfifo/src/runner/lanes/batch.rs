@@ -1,0 +1,269 @@
+//! Running a pick's jobs: record their attempts, wait for a permit, run
+//! their handlers one after another in the pick's transaction (each in the
+//! handlers' savepoint; `attempt.rs`), and write their outcomes
+//! (`write.rs`). The lane commits them.
+//!
+//! # Several jobs in one transaction
+//!
+//! A pick may lock the heads of several groups (see [`Batching`]). Their
+//! handlers then run one after another on the pick's connection, and one
+//! `pgfifo.complete` and one `COMMIT` serve them all, which divides the
+//! per-transaction cost of the queue by the batch size. Every job keeps its
+//! own outcome, and nothing of one handler can leak into another's:
+//!
+//! * a batch goes on past a handler only if that handler never took the
+//!   job's connection ([`JobContext::conn`](crate::JobContext::conn)): it
+//!   wrote nothing in the transaction, so the next handler starts in the same
+//!   clean savepoint. A handler that took it ends the batch; the jobs after
+//!   it are handed back unstarted (their attempts forgotten) and picked again
+//!   by the next pick;
+//! * no handler starts once the batch has run for [`Batching::window`]:
+//!   a group whose job finished waits at most that long (plus the handler
+//!   then running) for its commit, and so for its next job;
+//! * a lane sizes its next pick from what its handlers took: handlers that
+//!   use the connection, or take about the window, get one job per pick.
+//!
+//! Attempts are recorded for the whole pick before the first handler
+//! starts (one statement), as for a single job: a crash mid-batch counts an
+//! attempt for each job picked, which can cost a job that never started one
+//! attempt, never a lost or a duplicated run.
+
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use super::attempt::{run_attempt, Decided};
+use super::batching::Batching;
+use super::conn::{ConnectionLost, Heard, JobConn};
+use super::write::{write, Written};
+use super::Lanes;
+use crate::db::runner::PickedJob;
+use crate::runner::outcome::Done;
+
+/// How long a prefetched pick may wait for a free permit before its jobs are
+/// handed back. Long enough to cover the normal wait for a handler to
+/// finish, short enough that groups do not sit locked behind a long job.
+const PERMIT_PATIENCE: Duration = Duration::from_secs(2);
+
+/// What running a pick's jobs left for the lane.
+pub(super) struct Finished {
+    /// The outcomes written, awaiting their COMMIT (none when the
+    /// transaction was rolled back).
+    pub(super) done: Vec<Done>,
+    /// Whether the lane must pick again at once rather than wait for a
+    /// wake-up: a group of these jobs has its next job ready (enqueues into
+    /// an active group wake nobody), jobs were handed back, or the
+    /// transaction was rolled back.
+    pub(super) again: bool,
+    /// How soon work these jobs left becomes ready by itself (a retry's
+    /// delay, a group's delayed next job): nobody is woken for it, so the
+    /// lane notes it for the timer once the outcomes commit.
+    pub(super) soon: Vec<Duration>,
+}
+
+impl Finished {
+    pub(super) fn rolled_back() -> Self {
+        Finished {
+            done: Vec::new(),
+            again: true,
+            soon: Vec::new(),
+        }
+    }
+}
+
+impl From<Written> for Finished {
+    fn from(written: Written) -> Self {
+        match written {
+            Written::Outcomes { done, left } => Finished {
+                done,
+                again: left.now,
+                soon: left.later,
+            },
+            Written::RolledBack => Finished::rolled_back(),
+        }
+    }
+}
+
+/// A picked job and the attempt recorded for it (`None`: not recorded yet,
+/// or the job has no attempts left).
+type Slot = (PickedJob, Option<i32>);
+
+/// Runs a pick's jobs (picked by lane `lane`) to their outcomes (see
+/// [`Finished`]); `Err` when the connection must be given up.
+pub(super) async fn run_batch(
+    lanes: &Lanes,
+    conn: &mut JobConn,
+    jobs: Vec<PickedJob>,
+    lane: usize,
+    batching: &mut Batching,
+) -> Result<Finished, ConnectionLost> {
+    let backend_pid = jobs[0].backend_pid;
+    // The handlers' savepoint is set while the bookkeeper records the
+    // attempts on its own connection: one round trip for both.
+    let request = jobs.iter().map(|j| (j.id, j.max_attempts)).collect();
+    let (savepoint, recorded) = tokio::join!(
+        conn.open_handler_savepoint(),
+        lanes.bookkeeper.start_attempts(request)
+    );
+    if let Err(err) = savepoint {
+        if let Ok(attempts) = recorded {
+            hand_back(lanes, jobs.into_iter().zip(attempts)).await;
+        }
+        let _ = conn.rollback().await;
+        return Err(err.into());
+    }
+    let attempts = match recorded {
+        Ok(attempts) => attempts,
+        Err(err) => {
+            let _ = conn.rollback().await;
+            return Err(ConnectionLost(err));
+        }
+    };
+    let mut jobs: Vec<Slot> = jobs.into_iter().zip(attempts).collect();
+    // A job on its last attempt must not have it counted while it waits
+    // behind other handlers: if the process died meanwhile, it would fail
+    // without having run. Its record is taken back now and made again just
+    // before its handler starts.
+    let mut deferred = Vec::new();
+    for (job, attempt) in jobs.iter_mut().skip(1) {
+        if *attempt == Some(job.max_attempts) {
+            deferred.push((job.id, job.max_attempts));
+            *attempt = None;
+        }
+    }
+    lanes.bookkeeper.forget_attempts(deferred.clone()).await;
+
+    // Otherwise wait for a free permit: at most `concurrency` handlers run
+    // at once. Lanes beyond that have their next jobs picked, locked and
+    // their attempts recorded meanwhile. Jobs that wait too long are handed
+    // back (and their attempts forgotten) rather than sit on their groups.
+    let board = &*lanes.board;
+    let permit = match board.permits.try_acquire().ok() {
+        Some(permit) => permit,
+        None => {
+            let waited = tokio::select! {
+                permit = board.permits.acquire() => permit.ok(),
+                () = tokio::time::sleep(PERMIT_PATIENCE) => None,
+                () = lanes.stop.cancelled() => None,
+            };
+            let Some(permit) = waited else {
+                hand_back(lanes, jobs).await;
+                conn.rollback().await?;
+                // Their groups are free again: work left for the other lanes.
+                board.note_locked(lane, []);
+                // Every permit is taken by long jobs: take nothing until one
+                // frees up, rather than lock and hand back pick after pick.
+                tokio::select! {
+                    permit = board.permits.acquire() => drop(permit),
+                    () = lanes.stop.cancelled() => {}
+                }
+                return Ok(Finished::rolled_back());
+            };
+            // The connection may have died while it waited (a killed
+            // backend, a restart, the idle bound): another runner may already
+            // run these jobs. No handler starts unless the connection is
+            // known to be alive: by what its driver heard (no round trip),
+            // or else by a round trip. Yielding first lets the runtime read
+            // the sockets, so an error already in this one is heard.
+            tokio::task::yield_now().await;
+            let alive = match conn.heard() {
+                Heard::Nothing => Ok(()),
+                Heard::Closed => Err("the connection closed".to_owned()),
+                Heard::Unsure => conn.ping().await.map_err(|e| e.to_string()),
+            };
+            if let Err(err) = alive {
+                hand_back(lanes, jobs).await;
+                return Err(ConnectionLost(format!(
+                    "the connection of prefetched jobs failed before they started: {err}"
+                )));
+            }
+            permit
+        }
+    };
+
+    let picked = jobs.len();
+    let mut done: Vec<Done> = Vec::with_capacity(picked);
+    let started = Instant::now();
+    let mut rest = jobs.drain(..);
+    while let Some((job, mut attempt)) = rest.next() {
+        if !done.is_empty() && (started.elapsed() >= batching.window() || lanes.stop.is_cancelled())
+        {
+            hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
+            break;
+        }
+        if deferred.contains(&(job.id, job.max_attempts)) {
+            match lanes
+                .bookkeeper
+                .start_attempts(vec![(job.id, job.max_attempts)])
+                .await
+            {
+                Ok(recorded) => attempt = recorded.first().copied().flatten(),
+                Err(err) => {
+                    hand_back(lanes, rest).await;
+                    return Err(ConnectionLost(err));
+                }
+            }
+        }
+        let span = tracing::info_span!(
+            "pgfifo.job",
+            id = job.id,
+            kind = %job.kind,
+            queue = %job.queue,
+            group = job.group_id.as_deref().unwrap_or(""),
+            attempt = attempt,
+        );
+        let ran = match run_attempt(lanes, conn, job, attempt, batching)
+            .instrument(span.clone())
+            .await
+        {
+            Ok(ran) => ran,
+            Err(lost) => {
+                // The process goes on: the jobs that did not start keep no
+                // attempt (they run again elsewhere once the connection is
+                // gone and the transaction with it).
+                hand_back(lanes, rest).await;
+                return Err(lost);
+            }
+        };
+        match ran {
+            Some(Decided {
+                done: one,
+                ends_batch,
+            }) => {
+                span.in_scope(|| one.log());
+                done.push(one);
+                if ends_batch {
+                    hand_back(lanes, rest).await;
+                    break;
+                }
+            }
+            None => {
+                hand_back(lanes, rest).await;
+                break;
+            }
+        }
+    }
+    // The permit is free as soon as the handlers are done; writing the
+    // outcomes and committing overlap with the next handler.
+    drop(permit);
+    let handed_back = done.len() < picked;
+    let mut finished = Finished::from(write(lanes, conn, done, backend_pid, batching).await?);
+    finished.again |= handed_back;
+    Ok(finished)
+}
+
+/// Forgets the attempts of jobs that were picked but not started; they are
+/// released when the transaction ends and picked again.
+async fn hand_back(lanes: &Lanes, jobs: impl IntoIterator<Item = Slot>) {
+    let attempts: Vec<(i64, i32)> = jobs
+        .into_iter()
+        .filter_map(|(job, attempt)| Some((job.id, attempt?)))
+        .collect();
+    if !attempts.is_empty() {
+        tracing::debug!(
+            jobs = attempts.len(),
+            "jobs handed back before they started"
+        );
+    }
+    lanes.bookkeeper.forget_attempts(attempts).await;
+}

@@ -1,0 +1,310 @@
+//! A lane's connection and its job transaction.
+//!
+//! pgfifo sends its transaction statements itself, so that they share round
+//! trips with the statements around them: a pick goes behind `COMMIT;
+//! BEGIN`, the handlers' savepoint beside the attempt bookkeeping (on
+//! another connection), its release beside the outcomes. Handlers, though,
+//! use diesel's transactions on the same connection, and diesel must then
+//! know that a transaction is open, so that their `transaction` calls
+//! become savepoints rather than `BEGIN` and `COMMIT`. diesel's stable API
+//! changes the depth it tracks only with statements it sends itself, so its
+//! view is kept true where it matters:
+//!
+//! * until the first handler of a checkout, diesel sees no transaction;
+//! * the handlers' savepoint is opened through diesel
+//!   (`AnsiTransactionManager::begin_transaction_sql`), which makes its view
+//!   "one transaction open"; from then on that stays true while the lane
+//!   keeps the connection, whatever `COMMIT; BEGIN` pgfifo sends between
+//!   picks, and a handler's own transactions nest from there;
+//! * the lane's last commit or rollback goes through diesel, which sends the
+//!   same `COMMIT` or `ROLLBACK` and sees no transaction again, so the pool
+//!   takes the connection back as clean;
+//! * a handler cut off in flight (its timeout, a panic, shutdown) may leave
+//!   diesel's view deeper than the server's: the lane finishes its
+//!   transaction with its own statements and then retires the connection,
+//!   which the pool closes (its view shows a transaction).
+//!
+//! A connection the lane gives up on is [`abandon`](JobConn::abandon)ed:
+//! rolled back, and left so that the pool closes it.
+
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::time::Duration;
+
+use diesel_async::{
+    AnsiTransactionManager, AsyncPgConnection, SimpleAsyncConnection, TransactionManager,
+};
+use futures_util::FutureExt;
+
+use super::Lanes;
+use crate::db::runner::{
+    self as sql, Completion, LeftWork, PickRequest, Picked, BEGIN_JOB, CHECK_CONSTRAINTS, COMMIT,
+    COMMIT_AND_BEGIN, HANDLER_SAVEPOINT, PING, RELEASE_HANDLER_SAVEPOINT, ROLLBACK,
+    ROLLBACK_TO_HANDLER_SAVEPOINT,
+};
+use crate::db::PooledConnection;
+
+type Tm = AnsiTransactionManager;
+
+/// How long the rollback of a handler that was cut off may wait for the
+/// handler's last statement before that statement is cancelled on the server.
+const ROLLBACK_PATIENCE: Duration = Duration::from_secs(2);
+/// How long to wait after cancelling before giving the connection up.
+const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
+/// How long [`JobConn::abandon`] waits for its rollback.
+const ABANDON_PATIENCE: Duration = Duration::from_secs(1);
+
+/// What went wrong with a lane's connection; the lane abandons it (the
+/// server aborts its transaction) and starts over with another.
+#[derive(Debug)]
+pub(crate) struct ConnectionLost(pub(crate) String);
+
+impl From<diesel::result::Error> for ConnectionLost {
+    fn from(err: diesel::result::Error) -> Self {
+        ConnectionLost(err.to_string())
+    }
+}
+
+/// What diesel's transaction manager believes of the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DieselView {
+    /// No transaction (depth 0): the pool takes the connection back.
+    NoTransaction,
+    /// One transaction open (depth 1).
+    InTransaction,
+    /// Unknown: a handler was cut off in flight. The connection is retired.
+    Unknown,
+}
+
+/// What the connection's driver task has heard from the server while the
+/// connection sat idle in its transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// Nothing: as far as the client can tell, the backend is alive.
+    Nothing,
+    /// The connection failed or closed: the transaction and its locks are
+    /// gone.
+    Closed,
+    /// A notification came first (the pooled connection once listened):
+    /// whatever followed it is unknown without a round trip.
+    Unsure,
+}
+
+/// A lane's pooled connection and what pgfifo knows of its transaction.
+pub(crate) struct JobConn {
+    conn: PooledConnection,
+    /// A job transaction is open on the server.
+    in_transaction: bool,
+    diesel: DieselView,
+}
+
+impl JobConn {
+    pub(crate) fn new(conn: PooledConnection) -> Self {
+        JobConn {
+            conn,
+            in_transaction: false,
+            diesel: DieselView::NoTransaction,
+        }
+    }
+
+    /// The connection, for a handler or a statement in the job transaction.
+    pub(crate) fn get(&mut self) -> &mut AsyncPgConnection {
+        &mut self.conn
+    }
+
+    /// Whether a handler was cut off on this connection: the lane gives it up
+    /// once its transaction ends.
+    pub(crate) fn must_retire(&self) -> bool {
+        self.diesel == DieselView::Unknown
+    }
+
+    /// Ends the current job transaction (committing `commit_first`'s
+    /// outcomes) or opens one if none is, and picks, in one round trip: the
+    /// simple-query `COMMIT; BEGIN` (or `BEGIN`) is written to the socket
+    /// before the pick. If the COMMIT fails, PostgreSQL skips the BEGIN, and
+    /// the pick refuses to run outside a job transaction, so no job ever
+    /// runs without its locks. `Err` of the opener: the connection is lost.
+    pub(crate) async fn open_and_pick(
+        &mut self,
+        commit_first: bool,
+        request: &PickRequest<'_>,
+    ) -> (
+        Result<(), diesel::result::Error>,
+        diesel::QueryResult<Picked>,
+    ) {
+        let opener = if commit_first {
+            Some(COMMIT_AND_BEGIN)
+        } else if !self.in_transaction {
+            Some(BEGIN_JOB)
+        } else {
+            None
+        };
+        let mut shared: &AsyncPgConnection = &self.conn;
+        let pick = sql::pick(shared, request);
+        let opened = match opener {
+            Some(opener) => {
+                let (opened, picked) = tokio::join!(shared.batch_execute(opener), pick);
+                if opened.is_ok() {
+                    self.in_transaction = true;
+                }
+                return (opened, picked);
+            }
+            None => Ok(()),
+        };
+        (opened, pick.await)
+    }
+
+    /// Opens the handlers' savepoint: through diesel the first time (see the
+    /// module documentation), then with pgfifo's own statement.
+    pub(crate) async fn open_handler_savepoint(&mut self) -> Result<(), diesel::result::Error> {
+        match self.diesel {
+            DieselView::NoTransaction => {
+                Tm::begin_transaction_sql(&mut *self.conn, HANDLER_SAVEPOINT).await?;
+                self.diesel = DieselView::InTransaction;
+                Ok(())
+            }
+            DieselView::InTransaction | DieselView::Unknown => {
+                self.conn.batch_execute(HANDLER_SAVEPOINT).await
+            }
+        }
+    }
+
+    /// Writes outcomes, releasing the handlers' savepoint in the same round
+    /// trip (no handler wrote anything). An update inside a savepoint of a
+    /// row its transaction locked outside it makes PostgreSQL record both in
+    /// a multixact, which every later reader of the row version must look
+    /// up; the job's and the group's rows would each get one per job.
+    pub(crate) async fn release_and_complete(
+        &mut self,
+        done: &[Completion<'_>],
+    ) -> diesel::QueryResult<LeftWork> {
+        let mut shared: &AsyncPgConnection = &self.conn;
+        let (released, completed) = tokio::join!(
+            shared.batch_execute(RELEASE_HANDLER_SAVEPOINT),
+            sql::complete(&self.conn, done)
+        );
+        released.and(completed)
+    }
+
+    /// Writes outcomes after the last handler's deferred constraints are
+    /// checked, in one round trip (its writes stay in the savepoint until
+    /// the commit).
+    pub(crate) async fn check_and_complete(
+        &mut self,
+        done: &[Completion<'_>],
+    ) -> diesel::QueryResult<LeftWork> {
+        let mut shared: &AsyncPgConnection = &self.conn;
+        let (checked, completed) = tokio::join!(
+            shared.batch_execute(CHECK_CONSTRAINTS),
+            sql::complete(&self.conn, done)
+        );
+        checked.and(completed)
+    }
+
+    /// Discards what a failed handler wrote, keeping the jobs' locks (the
+    /// savepoint stays, for the next handler). `cut_off`: the handler's
+    /// future was dropped or unwound, so its last statement may still run on
+    /// the server (after a while it is cancelled) and diesel's view is
+    /// unknown from now on. `false`: the connection is unusable.
+    pub(crate) async fn discard_handler_writes(
+        &mut self,
+        lanes: &Lanes,
+        cut_off: bool,
+        backend_pid: i32,
+    ) -> bool {
+        if cut_off {
+            self.diesel = DieselView::Unknown;
+        }
+        let rollback = AssertUnwindSafe(self.conn.batch_execute(ROLLBACK_TO_HANDLER_SAVEPOINT))
+            // (diesel asserts in debug builds when a transaction statement
+            // of the handler was cut off mid-flight: a broken connection.)
+            .catch_unwind();
+        let mut rollback = pin!(rollback);
+        let result = tokio::select! {
+            result = &mut rollback => result,
+            () = tokio::time::sleep(ROLLBACK_PATIENCE) => {
+                tracing::warn!(backend_pid, "the handler's statement is still running; cancelling it");
+                lanes.bookkeeper.cancel_backend(backend_pid).await;
+                match tokio::time::timeout(CANCEL_PATIENCE, &mut rollback).await {
+                    Ok(result) => result,
+                    Err(_) => return false,
+                }
+            }
+        };
+        matches!(result, Ok(Ok(())))
+    }
+
+    /// Commits the job transaction, if one is open.
+    pub(crate) async fn commit(&mut self) -> Result<(), diesel::result::Error> {
+        self.end(COMMIT).await
+    }
+
+    /// Rolls the job transaction back, if one is open.
+    pub(crate) async fn rollback(&mut self) -> Result<(), diesel::result::Error> {
+        self.end(ROLLBACK).await
+    }
+
+    /// Ends the job transaction with `COMMIT` or `ROLLBACK`: through diesel
+    /// while it sees the transaction, so that it sees none afterwards.
+    async fn end(&mut self, statement: &str) -> Result<(), diesel::result::Error> {
+        if !self.in_transaction {
+            return Ok(());
+        }
+        self.in_transaction = false;
+        match (self.diesel, statement) {
+            (DieselView::InTransaction, COMMIT) => {
+                self.diesel = DieselView::NoTransaction;
+                Tm::commit_transaction(&mut *self.conn).await
+            }
+            (DieselView::InTransaction, _) => {
+                self.diesel = DieselView::NoTransaction;
+                Tm::rollback_transaction(&mut *self.conn).await
+            }
+            _ => self.conn.batch_execute(statement).await,
+        }
+    }
+
+    /// Reads, without waiting, what the server sent unasked on the
+    /// connection, as far as its driver task has read it. A backend that is
+    /// terminated, or times out idle in its transaction, or whose server
+    /// shuts down, sends its FATAL error before it releases its locks, and
+    /// the driver ends the connection on it; a killed backend's socket
+    /// closes. So a connection that heard nothing still held its locks a
+    /// moment ago: the time the error takes to reach the driver, which a
+    /// round trip's answer also takes. (Unlike a round trip, this does not
+    /// wait out a silent network: the server then still holds the locks,
+    /// until keepalives end the session.)
+    pub(crate) fn heard(&mut self) -> Heard {
+        use futures_util::StreamExt;
+        let mut stream = pin!(self.conn.notifications_stream());
+        match stream.next().now_or_never() {
+            None => Heard::Nothing,
+            Some(None | Some(Err(_))) => Heard::Closed,
+            Some(Some(Ok(_))) => Heard::Unsure,
+        }
+    }
+
+    /// A round trip that proves the connection alive.
+    pub(crate) async fn ping(&mut self) -> Result<(), diesel::result::Error> {
+        self.conn.batch_execute(PING).await
+    }
+
+    /// Gives the connection back to the pool once its transaction has
+    /// ended; a connection to retire (or one whose transaction is still
+    /// open) is abandoned instead.
+    pub(crate) async fn release(self) {
+        if self.in_transaction || self.must_retire() {
+            self.abandon().await;
+        }
+    }
+
+    /// Gives the connection up: rolls back whatever is open, and leaves it in
+    /// a state the pool closes rather than hands out again. diesel's view is
+    /// set to "in a transaction" by a `ROLLBACK` sent as the transaction's
+    /// start, or, if it saw one already, stays so; a rollback that does not
+    /// answer in time is cut off, which diesel also marks as broken.
+    pub(crate) async fn abandon(mut self) {
+        let rollback = Tm::begin_transaction_sql(&mut *self.conn, ROLLBACK);
+        let _ = tokio::time::timeout(ABANDON_PATIENCE, rollback).await;
+    }
+}

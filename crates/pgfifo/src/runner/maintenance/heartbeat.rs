@@ -1,0 +1,106 @@
+//! The runner's heartbeat row in `pgfifo.runner`: written at start and every
+//! interval with the jobs running now, deleted on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{pooled, Complaints};
+use crate::admin::RUNNER_ALIVE;
+use crate::db;
+use crate::db::maintenance::RunnerRow;
+use crate::db::Pool;
+use crate::migrate::{latest_version, RELEASE};
+use crate::runner::metrics::Metrics;
+use crate::Result;
+
+/// A runner row without a heartbeat for this long is deleted by the next
+/// runner that starts.
+const STALE_RUNNER_ROW: Duration = Duration::from_secs(24 * 3600);
+/// How long the heartbeat's final delete may take at shutdown.
+const FAREWELL_PATIENCE: Duration = Duration::from_secs(5);
+
+/// What the heartbeat writes.
+pub(crate) struct Heartbeat {
+    pub pool: Pool,
+    pub name: String,
+    pub queues: Vec<String>,
+    pub interval: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Heartbeat {
+    /// Writes the row until `service` is cancelled, then deletes it.
+    pub(crate) async fn run(self, service: CancellationToken) {
+        let mut complaints = Complaints::new("heartbeat");
+        let mut starting = true;
+        let mut upgrade_noted = false;
+        loop {
+            if let Some(schema) = complaints.report(self.beat(starting).await) {
+                starting = false;
+                if !upgrade_noted && schema.is_some_and(|v| v > latest_version()) {
+                    upgrade_noted = true;
+                    tracing::warn!(
+                        schema_version = schema,
+                        runner_release = RELEASE,
+                        "pgfifo: the schema was migrated to a newer version while this runner \
+                         runs; it keeps working (the new functions accept this release's calls), \
+                         but restart it with the new release (see docs/upgrading.md)"
+                    );
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.interval) => {}
+                () = service.cancelled() => break,
+            }
+        }
+        let farewell = async {
+            let mut conn = pooled(&self.pool, FAREWELL_PATIENCE).await?;
+            db::maintenance::delete_runner(&mut conn, &self.name).await?;
+            Ok::<(), crate::Error>(())
+        };
+        match tokio::time::timeout(FAREWELL_PATIENCE, farewell).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "pgfifo: could not delete the runner's heartbeat row");
+            }
+            Err(_) => tracing::warn!("pgfifo: deleting the runner's heartbeat row timed out"),
+        }
+    }
+
+    /// One heartbeat: upserts the runner's row with the running counts, and
+    /// returns the schema version it read. The first (`starting`) also
+    /// resets `started_at`, clears rows of long-dead runners, and warns when
+    /// another live runner has the same name.
+    async fn beat(&self, starting: bool) -> Result<Option<i64>> {
+        let mut conn = pooled(&self.pool, self.interval).await?;
+        let row = RunnerRow {
+            name: &self.name,
+            release: RELEASE,
+            queues: &self.queues,
+            running: self.metrics.running(),
+            starting,
+        };
+        let beat = db::maintenance::beat(&mut conn, row).await?;
+        if starting {
+            // Rows of runners that died without shutting down (killed,
+            // crashed) stay behind; status ignores them once stale. Clear out
+            // old ones.
+            db::maintenance::delete_stale_runners(&mut conn, STALE_RUNNER_ROW).await?;
+            if let Some(age) = beat
+                .previous_age_s
+                .filter(|age| *age < RUNNER_ALIVE.as_secs_f64())
+            {
+                tracing::warn!(
+                    name = %self.name,
+                    previous_heartbeat_s = age,
+                    "pgfifo: another live runner has this name (or a process of this name stopped \
+                     without shutting down moments ago); runner names must be unique, or status \
+                     reports them as one"
+                );
+            }
+        }
+        Ok(beat.schema_version)
+    }
+}
