@@ -14,14 +14,14 @@ use serde::{Deserialize, Serialize};
 
 /// The first of two types named `registry_dup`.
 #[derive(Job, Serialize, Deserialize, Debug)]
-#[job(name = "registry_dup", queue = "registry_conflicts")]
+#[job(kind = "registry_dup", queue = "registry_conflicts")]
 pub struct RegDupA {
     n: i64,
 }
 
 /// The second type named `registry_dup`.
 #[derive(Job, Serialize, Deserialize, Debug)]
-#[job(name = "registry_dup", queue = "registry_conflicts")]
+#[job(kind = "registry_dup", queue = "registry_conflicts")]
 pub struct RegDupB {
     s: String,
 }
@@ -61,7 +61,7 @@ fn assert_lists_the_duplicate(err: &Error) {
     };
     assert_eq!(problems.len(), 1, "one problem: {problems:?}");
     let problem = &problems[0];
-    assert_eq!(problem.name, "registry_dup");
+    assert_eq!(problem.kind, "registry_dup");
     let message = err.to_string();
     for needle in ["registry_dup", "RegDupA", "RegDupB"] {
         assert!(

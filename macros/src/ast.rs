@@ -17,7 +17,7 @@ pub(crate) const DEFAULT_PRIORITY: i16 = 0;
 
 /// A type deriving `Job`: its name, its shape and its settings.
 pub(crate) struct Input<'a> {
-    /// The type's name, also the default job name.
+    /// The type's name, also the default job kind.
     pub(crate) ident: &'a Ident,
     /// Its generic parameters and where clause, which must be empty.
     pub(crate) generics: &'a Generics,
@@ -38,11 +38,11 @@ impl<'a> Input<'a> {
         }
     }
 
-    /// The job's name: `#[job(name = "...")]`, or else the type's name
+    /// The job's kind: `#[job(kind = "...")]`, or else the type's name
     /// (without the `r#` of a raw identifier).
-    pub(crate) fn name(&self) -> String {
-        match &self.attrs.name {
-            Some(name) => name.value.clone(),
+    pub(crate) fn kind(&self) -> String {
+        match &self.attrs.kind {
+            Some(kind) => kind.value.clone(),
             None => self.ident.unraw().to_string(),
         }
     }
@@ -98,7 +98,7 @@ mod tests {
         let cx = Ctxt::new();
         let job = Input::from_syn(&cx, &input);
         assert!(cx.check().is_ok());
-        assert_eq!(job.name(), "Charge");
+        assert_eq!(job.kind(), "Charge");
         assert_eq!(job.queue(), "default");
         assert_eq!(job.max_attempts(), 5);
         assert_eq!(job.timeout_millis(), None);

@@ -20,7 +20,7 @@ pub(crate) const JOB: &str = "job";
 /// Every key `#[job(...)]` accepts, in the order the error message lists them.
 const KEYS: &[&str] = &[
     "queue",
-    "name",
+    "kind",
     "max_attempts",
     "timeout",
     "backoff",
@@ -44,8 +44,8 @@ pub(crate) struct Attr<T> {
 pub(crate) struct Attrs {
     /// `queue = "..."`.
     pub(crate) queue: Option<Attr<String>>,
-    /// `name = "..."`.
-    pub(crate) name: Option<Attr<String>>,
+    /// `kind = "..."`.
+    pub(crate) kind: Option<Attr<String>>,
     /// `max_attempts = N`.
     pub(crate) max_attempts: Option<Attr<u32>>,
     /// `timeout = "30s"`.
@@ -88,6 +88,16 @@ impl Parser<'_> {
     /// `Ok` returned, so that parsing goes on with the next entry; only an
     /// error that leaves the input in an unknown state is returned.
     fn entry(&mut self, meta: ParseNestedMeta<'_>) -> syn::Result<()> {
+        if meta.path.is_ident("name") {
+            // The key of pgfifo 0.1.0, renamed so that one word means one
+            // idea: the stored `kind` column, `Job::KIND`, the metrics label.
+            self.cx.error_spanned_by(
+                &meta.path,
+                "`name` is now `kind` (pgfifo 0.2.0): write `kind = \"...\"`; \
+                 the stored value, and so the jobs already enqueued, stay the same",
+            );
+            return skip_value(&meta);
+        }
         let Some(key) = KEYS.iter().copied().find(|key| meta.path.is_ident(key)) else {
             let path = meta.path.to_token_stream().to_string().replace(' ', "");
             self.cx.error_spanned_by(
@@ -119,7 +129,7 @@ impl Parser<'_> {
         let attrs = &mut self.attrs;
         let parsed = match key {
             "queue" => string(&value, key).map(|v| attrs.queue = Some(v)),
-            "name" => string(&value, key).map(|v| attrs.name = Some(v)),
+            "kind" => string(&value, key).map(|v| attrs.kind = Some(v)),
             "max_attempts" => {
                 integer(&value, key, "from 1 to 4294967295").map(|v| attrs.max_attempts = Some(v))
             }
@@ -167,7 +177,7 @@ fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
 fn example(key: &str) -> &'static str {
     match key {
         "queue" => "queue = \"billing\"",
-        "name" => "name = \"charge_invoice\"",
+        "kind" => "kind = \"charge_invoice\"",
         "max_attempts" => "max_attempts = 5",
         "timeout" => "timeout = \"30s\"",
         "backoff" => "backoff = \"500ms\"",
@@ -290,18 +300,35 @@ mod tests {
     #[test]
     fn parses_every_key() {
         let (attrs, errors) = parse_item(parse_quote! {
-            #[job(queue = "billing", name = "charge", max_attempts = 7)]
+            #[job(queue = "billing", kind = "charge", max_attempts = 7)]
             #[derive(Debug)]
             #[job(timeout = "30s", backoff = "500ms", priority = -2)]
             struct Charge;
         });
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(attrs.queue.unwrap().value, "billing");
-        assert_eq!(attrs.name.unwrap().value, "charge");
+        assert_eq!(attrs.kind.unwrap().value, "charge");
         assert_eq!(attrs.max_attempts.unwrap().value, 7);
         assert_eq!(attrs.timeout.unwrap().value, Millis(30_000));
         assert_eq!(attrs.backoff.unwrap().value, Millis(500));
         assert_eq!(attrs.priority.unwrap().value, -2);
+    }
+
+    #[test]
+    fn the_old_name_key_says_it_is_now_kind() {
+        let (attrs, errors) = parse_item(parse_quote! {
+            #[job(name = "charge", queue = "billing")]
+            struct Charge;
+        });
+        assert_eq!(
+            errors,
+            [
+                "`name` is now `kind` (pgfifo 0.2.0): write `kind = \"...\"`; the stored \
+              value, and so the jobs already enqueued, stay the same"
+            ]
+        );
+        assert!(attrs.kind.is_none());
+        assert_eq!(attrs.queue.unwrap().value, "billing");
     }
 
     #[test]
@@ -336,14 +363,14 @@ mod tests {
     fn collects_every_error() {
         let (attrs, errors) = parse_item(parse_quote! {
             #[job(queu = "billing", max_attempts = "five", timeout = "10 parsecs")]
-            #[job(queue = "billing", queue = "other", priority = 40000, name)]
-            #[job(backoff = 3, name = "ok", foo(bar), serde::x = 1)]
+            #[job(queue = "billing", queue = "other", priority = 40000, kind)]
+            #[job(backoff = 3, kind = "ok", foo(bar), serde::x = 1)]
             struct Charge;
         });
         assert_eq!(
             errors,
             [
-                "unknown job attribute `queu`; expected one of `queue`, `name`, \
+                "unknown job attribute `queu`; expected one of `queue`, `kind`, \
                  `max_attempts`, `timeout`, `backoff`, `priority`",
                 "expected an integer literal for `max_attempts`, as in `max_attempts = 5`",
                 "invalid duration \"10 parsecs\" for `timeout`: expected an integer followed \
@@ -351,17 +378,17 @@ mod tests {
                  or \"1h\"",
                 "duplicate job attribute `queue`: it is already set earlier",
                 "`priority` must be an integer from -32768 to 32767",
-                "expected a value for `name`, as in `name = \"charge_invoice\"`",
+                "expected a value for `kind`, as in `kind = \"charge_invoice\"`",
                 "expected a string literal for `backoff`, as in `backoff = \"500ms\"`",
-                "unknown job attribute `foo`; expected one of `queue`, `name`, \
+                "unknown job attribute `foo`; expected one of `queue`, `kind`, \
                  `max_attempts`, `timeout`, `backoff`, `priority`",
-                "unknown job attribute `serde::x`; expected one of `queue`, `name`, \
+                "unknown job attribute `serde::x`; expected one of `queue`, `kind`, \
                  `max_attempts`, `timeout`, `backoff`, `priority`",
             ]
         );
         // The valid settings are kept, the first of a duplicate wins.
         assert_eq!(attrs.queue.unwrap().value, "billing");
-        assert_eq!(attrs.name.unwrap().value, "ok");
+        assert_eq!(attrs.kind.unwrap().value, "ok");
         assert!(attrs.max_attempts.is_none());
         assert!(attrs.priority.is_none());
     }

@@ -37,7 +37,7 @@ fn expand(job: &Input<'_>) -> TokenStream {
     let ident = job.ident;
     let span = ident.span();
 
-    let name = job.name();
+    let kind = job.kind();
     let queue = job.queue();
     let max_attempts = Literal::u32_unsuffixed(job.max_attempts());
     let timeout = match job.timeout_millis() {
@@ -63,7 +63,7 @@ fn expand(job: &Input<'_>) -> TokenStream {
     quote! {
         const _: () = {
             #impl_header {
-                const NAME: &'static str = #name;
+                const KIND: &'static str = #kind;
                 const QUEUE: &'static str = #queue;
                 const MAX_ATTEMPTS: u32 = #max_attempts;
                 const TIMEOUT: ::core::option::Option<::core::time::Duration> = #timeout;
@@ -115,7 +115,7 @@ mod tests {
             &out,
             &[
                 "#[automatically_derived] impl ::pgfifo::Job for MyJob {",
-                r#"const NAME: &'static str = "MyJob";"#,
+                r#"const KIND: &'static str = "MyJob";"#,
                 r#"const QUEUE: &'static str = "default";"#,
                 "const MAX_ATTEMPTS: u32 = 5;",
                 "const TIMEOUT: ::core::option::Option<::core::time::Duration> \
@@ -133,7 +133,7 @@ mod tests {
     #[test]
     fn every_attribute() {
         let out = expand_compact(quote! {
-            #[job(queue = "billing", name = "charge")]
+            #[job(queue = "billing", kind = "charge")]
             #[job(max_attempts = 9, timeout = "30s", backoff = "500ms", priority = -2)]
             enum Charge {
                 Card { id: i64 },
@@ -144,7 +144,7 @@ mod tests {
             &out,
             &[
                 "impl ::pgfifo::Job for Charge {",
-                r#"const NAME: &'static str = "charge";"#,
+                r#"const KIND: &'static str = "charge";"#,
                 r#"const QUEUE: &'static str = "billing";"#,
                 "const MAX_ATTEMPTS: u32 = 9;",
                 "= ::core::option::Option::Some(::core::time::Duration::from_millis(30000));",
@@ -164,7 +164,7 @@ mod tests {
             &out,
             &[
                 "impl ::pgfifo::Job for r#type",
-                r#"const NAME: &'static str = "type";"#,
+                r#"const KIND: &'static str = "type";"#,
             ],
         );
     }

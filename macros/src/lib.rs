@@ -34,11 +34,14 @@ use proc_macro::TokenStream;
 /// The type must also implement `Serialize` and `Deserialize`, have no generic
 /// parameters or lifetimes, and implement `pgfifo::Handler` by hand.
 ///
+/// `kind` is what a job is stored and looked up under (`pgfifo::Job::KIND`): change
+/// it only together with the jobs already enqueued under the old one.
+///
 /// Settings, all optional, in one or several `#[job(...)]` attributes:
 ///
 /// | key            | value                              | default             |
 /// |----------------|------------------------------------|---------------------|
-/// | `name`         | string, 1 to 256 bytes             | the type's name     |
+/// | `kind`         | string, 1 to 256 bytes             | the type's name     |
 /// | `queue`        | string, 1 to 128 bytes             | `"default"`         |
 /// | `max_attempts` | integer, at least 1                | `5`                 |
 /// | `timeout`      | duration string, e.g. `"30s"`      | the runner's        |
@@ -56,7 +59,7 @@ use proc_macro::TokenStream;
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[derive(Job, Serialize, Deserialize)]
-/// #[job(queue = "billing", name = "charge", max_attempts = 3)]
+/// #[job(queue = "billing", kind = "charge", max_attempts = 3)]
 /// #[job(timeout = "30s", backoff = "500ms", priority = -2)]
 /// struct ChargeInvoice {
 ///     invoice_id: i64,
@@ -69,7 +72,7 @@ use proc_macro::TokenStream;
 ///     }
 /// }
 ///
-/// assert_eq!(ChargeInvoice::NAME, "charge");
+/// assert_eq!(ChargeInvoice::KIND, "charge");
 /// assert_eq!(ChargeInvoice::TIMEOUT, Some(Duration::from_secs(30)));
 /// assert_eq!(ChargeInvoice::PRIORITY, -2);
 /// ```

@@ -9,8 +9,8 @@ use crate::duration::Millis;
 
 /// The longest queue name, in bytes (the runtime's `MAX_QUEUE_LEN`).
 pub(crate) const MAX_QUEUE_LEN: usize = 128;
-/// The longest job name, in bytes.
-pub(crate) const MAX_NAME_LEN: usize = 256;
+/// The longest job kind, in bytes.
+pub(crate) const MAX_KIND_LEN: usize = 256;
 
 /// Records in `cx` every reason `input` cannot derive `Job`.
 pub(crate) fn check(cx: &Ctxt, input: &Input<'_>) {
@@ -79,8 +79,8 @@ fn check_settings(cx: &Ctxt, input: &Input<'_>) {
     if let Some(queue) = &attrs.queue {
         check_len(cx, queue, "queue", MAX_QUEUE_LEN);
     }
-    if let Some(name) = &attrs.name {
-        check_len(cx, name, "name", MAX_NAME_LEN);
+    if let Some(kind) = &attrs.kind {
+        check_len(cx, kind, "kind", MAX_KIND_LEN);
     }
     if let Some(max) = &attrs.max_attempts {
         if max.value == 0 {
@@ -157,16 +157,16 @@ mod tests {
     #[test]
     fn rejects_values_out_of_range() {
         let long_queue = "q".repeat(MAX_QUEUE_LEN + 1);
-        let longest_name = "n".repeat(MAX_NAME_LEN);
+        let longest_kind = "n".repeat(MAX_KIND_LEN);
         assert_eq!(
             errors(parse_quote! {
-                #[job(queue = "", name = "", max_attempts = 0, timeout = "0s", backoff = "0ms")]
+                #[job(queue = "", kind = "", max_attempts = 0, timeout = "0s", backoff = "0ms")]
                 #[job(priority = -32768)]
                 struct A;
             }),
             [
                 "`queue` must not be empty",
-                "`name` must not be empty",
+                "`kind` must not be empty",
                 "`max_attempts` must be at least 1: it counts the first run",
                 "`timeout` must be longer than zero",
                 "`backoff` must be longer than zero",
@@ -174,7 +174,7 @@ mod tests {
         );
         assert_eq!(
             errors(parse_quote! {
-                #[job(queue = #long_queue, name = #longest_name)]
+                #[job(queue = #long_queue, kind = #longest_kind)]
                 struct A;
             }),
             ["`queue` is 129 bytes long, the most allowed is 128"]

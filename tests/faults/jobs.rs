@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// that this binary can enqueue it. No runner of this binary serves its queue.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "faults.job",
+    kind = "faults.job",
     queue = "faults",
     max_attempts = 25,
     timeout = "4s",
@@ -35,7 +35,7 @@ impl Handler for FaultJob {
 /// Mirror of `fault-worker`'s freeze job.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "faults.freeze",
+    kind = "faults.freeze",
     queue = "freeze",
     max_attempts = 10,
     timeout = "3s",

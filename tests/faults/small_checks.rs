@@ -32,7 +32,7 @@ impl Captured {
 }
 
 #[derive(Job, Serialize, Deserialize, Debug)]
-#[job(name = "faults.pool", queue = "faults-pool", timeout = "10s")]
+#[job(kind = "faults.pool", queue = "faults-pool", timeout = "10s")]
 pub(crate) struct PoolJob {
     pub(crate) n: u32,
 }

@@ -30,7 +30,7 @@ pub struct BadInputUnregistered {
 }
 
 impl Job for BadInputUnregistered {
-    const NAME: &'static str = "BadInputUnregistered";
+    const KIND: &'static str = "BadInputUnregistered";
     const QUEUE: &'static str = "bad_input";
     const MAX_ATTEMPTS: u32 = 3;
     const TIMEOUT: Option<Duration> = None;
@@ -46,7 +46,7 @@ pub struct BadInputImpostor {
 }
 
 impl Job for BadInputImpostor {
-    const NAME: &'static str = "BadInputJob";
+    const KIND: &'static str = "BadInputJob";
     const QUEUE: &'static str = "bad_input";
     const MAX_ATTEMPTS: u32 = 3;
     const TIMEOUT: Option<Duration> = None;

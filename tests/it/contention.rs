@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// that makes the two jobs of the test overlap.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "contention.cross",
+    kind = "contention.cross",
     queue = "contention",
     max_attempts = 2,
     backoff = "10ms"
@@ -66,7 +66,7 @@ async fn jobs_enqueueing_into_each_others_groups_do_not_deadlock() {
 
 /// Holds a job running until the test releases it.
 #[derive(Job, Serialize, Deserialize, Debug)]
-#[job(name = "contention.hold", queue = "contention_hold", max_attempts = 1)]
+#[job(kind = "contention.hold", queue = "contention_hold", max_attempts = 1)]
 struct ContentionHoldJob {
     ms: u64,
 }

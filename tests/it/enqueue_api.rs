@@ -156,7 +156,7 @@ async fn single_enqueue_stores_the_job() {
         db.text(&format!("SELECT kind {where_id}")).await.as_deref(),
         Some("EnqApiJob")
     );
-    assert_eq!(EnqApiJob::NAME, "EnqApiJob");
+    assert_eq!(EnqApiJob::KIND, "EnqApiJob");
     let stored: serde_json::Value = serde_json::from_str(
         &db.text(&format!("SELECT payload {where_id}"))
             .await

@@ -22,7 +22,7 @@ enum Misuse {
 
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "misuse.job",
+    kind = "misuse.job",
     queue = "misuse",
     max_attempts = 2,
     backoff = "10ms"

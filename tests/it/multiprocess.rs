@@ -39,7 +39,7 @@ const CONCURRENCY: usize = 8;
 /// binary: the test starts no runner, and other tests' runners work on
 /// databases of their own, where no `mp` job exists.
 #[derive(Job, Serialize, Deserialize, Debug)]
-#[job(name = "mp.job", queue = "mp")]
+#[job(kind = "mp.job", queue = "mp")]
 struct MpJob {
     group: u32,
     seq: u32,

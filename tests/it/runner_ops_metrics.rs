@@ -63,7 +63,7 @@ fn is(key: &Key, name: &str, labels: &[(&str, &str)]) -> bool {
 }
 
 /// The labels of the test job's per-kind metrics.
-const KIND: [(&str, &str); 2] = [("queue", QUEUE), ("kind", RunnerOpsJob::NAME)];
+const KIND: [(&str, &str); 2] = [("queue", QUEUE), ("kind", RunnerOpsJob::KIND)];
 
 /// The labels of the per-queue gauges.
 const Q: [(&str, &str); 1] = [("queue", QUEUE)];

@@ -21,7 +21,7 @@ const SBI_LOG: &str =
 #[derive(Job, Serialize, Deserialize, Debug, Clone)]
 #[job(
     queue = "stored_bad_input",
-    name = "stored_bad_input.valid",
+    kind = "stored_bad_input.valid",
     max_attempts = 3,
     backoff = "10ms"
 )]
@@ -128,7 +128,7 @@ async fn stored_payload_that_does_not_deserialize_fails_and_runner_keeps_running
     let db = TestDb::new().await;
     db.exec(SBI_LOG).await;
     let queue = StoredBadInputJob::QUEUE;
-    let kind = StoredBadInputJob::NAME;
+    let kind = StoredBadInputJob::KIND;
     let missing_field = store_raw(&db, queue, "g", kind, r#"{"n": 1}"#).await;
     let wrong_type = store_raw(&db, queue, "g", kind, r#"{"n": "one", "label": "x"}"#).await;
     let not_an_object = store_raw(&db, queue, "h", kind, "[1, 2, 3]").await;

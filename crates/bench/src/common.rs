@@ -176,7 +176,7 @@ pub fn take_records() -> Vec<Record> {
 /// The benchmark job: records its run in memory (and sleeps `WORK_MS`).
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "bench.job",
+    kind = "bench.job",
     queue = "bench",
     max_attempts = 3,
     timeout = "60s",

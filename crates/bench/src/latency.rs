@@ -36,7 +36,7 @@ static STARTS: Mutex<Vec<(i64, Instant)>> = Mutex::new(Vec::new());
 /// The job of this scenario: its handler only notes when it started.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "bench.latency",
+    kind = "bench.latency",
     queue = "bench.latency",
     max_attempts = 3,
     timeout = "60s",

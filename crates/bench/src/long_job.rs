@@ -65,7 +65,7 @@ static HOLD_TIMES: Mutex<(Option<Instant>, Option<Instant>)> = Mutex::new((None,
 /// (or `max_ms` passes, a safety net).
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "bench.hold",
+    kind = "bench.hold",
     queue = "bench.hold",
     max_attempts = 1,
     timeout = "24h"

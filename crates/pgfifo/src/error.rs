@@ -35,7 +35,7 @@ pub enum Error {
     /// with a `Handler` linked in), so no runner built from it could run it.
     #[error("job type {0:?} is not registered: derive `Job` on it and implement `Handler`")]
     UnknownJobType(String),
-    /// One or more job registrations are invalid or share a name. Every
+    /// One or more job registrations are invalid or share a kind. Every
     /// problem is listed.
     #[error("invalid job registrations:{}", ListProblems(.0))]
     InvalidRegistrations(Vec<RegistrationProblem>),
@@ -182,8 +182,8 @@ fn installer(release: &str) -> String {
 /// One invalid registration found when the registry was built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistrationProblem {
-    /// The job name (`Job::NAME`).
-    pub name: String,
+    /// The job's kind ([`Job::KIND`](crate::Job::KIND)).
+    pub kind: String,
     /// The Rust type that registered it.
     pub rust_type: String,
     /// What is wrong.
@@ -195,7 +195,7 @@ impl fmt::Display for RegistrationProblem {
         write!(
             f,
             "job {:?} ({}): {}",
-            self.name, self.rust_type, self.problem
+            self.kind, self.rust_type, self.problem
         )
     }
 }

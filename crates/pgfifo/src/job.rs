@@ -38,10 +38,11 @@ use crate::{Error, JobId, Result};
 /// assert_eq!(ChargeInvoice::MAX_ATTEMPTS, 5);
 /// ```
 pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
-    /// The name stored with each job and used to find its handler. Defaults to
-    /// the type's name; set `#[job(name = "...")]` to keep stored jobs runnable
-    /// across a rename.
-    const NAME: &'static str;
+    /// The job's kind: stored with each job (the `kind` column), used to
+    /// find its handler, and the `kind` label of the metrics. Defaults to the
+    /// type's name; set `#[job(kind = "...")]` to keep stored jobs runnable
+    /// across a rename of the type.
+    const KIND: &'static str;
     /// The queue jobs of this type go to (default `"default"`).
     const QUEUE: &'static str;
     /// How many times a job may start before it is marked failed (default 5).
@@ -90,11 +91,11 @@ impl NewJob {
     /// range, or the job type is not registered in this binary.
     pub fn new<J: Job>(job: &J, options: EnqueueOptions) -> Result<Self> {
         let registration = Registry::global()?
-            .get(J::NAME)
+            .get(J::KIND)
             .filter(|r| (r.rust_type)() == std::any::type_name::<J>())
-            .ok_or_else(|| Error::UnknownJobType(J::NAME.to_owned()))?;
+            .ok_or_else(|| Error::UnknownJobType(J::KIND.to_owned()))?;
         let defaults = KindDefaults {
-            kind: registration.name,
+            kind: registration.kind,
             queue: registration.queue,
             max_attempts: registration.max_attempts,
             priority: registration.priority,

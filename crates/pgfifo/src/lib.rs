@@ -73,7 +73,7 @@ pub use handler::Handler;
 pub use job::Job;
 pub use job_error::{FailureKind, JobError};
 pub use migrate::migrate;
-pub use names::{MAX_GROUP_LEN, MAX_QUEUE_LEN};
+pub use names::{MAX_GROUP_LEN, MAX_KIND_LEN, MAX_QUEUE_LEN};
 pub use runner::{Retention, RunnerConfig, RunnerHandle};
 
 /// Derives [`Job`] for a serde type and registers its [`Handler`] with the

@@ -7,6 +7,8 @@ use crate::{Error, Result};
 pub const MAX_QUEUE_LEN: usize = 128;
 /// The longest group name (and unique key), in bytes.
 pub const MAX_GROUP_LEN: usize = 256;
+/// The longest job kind ([`Job::KIND`](crate::Job::KIND)), in bytes.
+pub const MAX_KIND_LEN: usize = 256;
 
 pub(crate) fn validate_queue(queue: &str) -> Result<()> {
     match name_problem(queue, MAX_QUEUE_LEN) {

@@ -1,9 +1,9 @@
 //! The registry of job types linked into the binary.
 //!
 //! `#[derive(Job)]` submits one [`Registration`] per type through `inventory`.
-//! The registry is collected once, validated (duplicate names, bad settings)
+//! The registry is collected once, validated (duplicate kinds, bad settings)
 //! and then read without locks. Iteration order of `inventory` is unspecified,
-//! so everything here is sorted by name.
+//! so everything here is sorted by kind.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -15,7 +15,7 @@ use crate::context::JobContext;
 use crate::error::{Error, RegistrationProblem};
 use crate::handler::Handler;
 use crate::job_error::JobError;
-use crate::names::{MAX_GROUP_LEN, MAX_QUEUE_LEN};
+use crate::names::{MAX_KIND_LEN, MAX_QUEUE_LEN};
 
 /// Runs a handler on a raw JSON payload: deserializes, then calls `handle`
 /// (see [`run_erased`]).
@@ -29,7 +29,8 @@ pub(crate) type RunFn = for<'a, 'b> fn(
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Registration {
-    pub(crate) name: &'static str,
+    /// The job's kind ([`Job::KIND`](crate::Job::KIND)).
+    pub(crate) kind: &'static str,
     pub(crate) queue: &'static str,
     /// The Rust type's name, for messages.
     pub(crate) rust_type: fn() -> &'static str,
@@ -45,7 +46,7 @@ impl Registration {
     /// `const` context).
     pub const fn of<T: Handler>() -> Self {
         Self {
-            name: T::NAME,
+            kind: T::KIND,
             queue: T::QUEUE,
             rust_type: std::any::type_name::<T>,
             max_attempts: T::MAX_ATTEMPTS,
@@ -76,10 +77,10 @@ fn run_erased<'a, 'b, T: Handler>(
 
 inventory::collect!(Registration);
 
-/// The validated set of job types, keyed by name.
+/// The validated set of job types, keyed by kind.
 #[derive(Debug)]
 pub(crate) struct Registry {
-    by_name: BTreeMap<&'static str, &'static Registration>,
+    by_kind: BTreeMap<&'static str, &'static Registration>,
 }
 
 impl Registry {
@@ -97,45 +98,45 @@ impl Registry {
         registrations: impl IntoIterator<Item = &'static Registration> + 'a,
     ) -> Result<Registry, Vec<RegistrationProblem>> {
         let mut all: Vec<&'static Registration> = registrations.into_iter().collect();
-        all.sort_by(|a, b| (a.name, (a.rust_type)()).cmp(&(b.name, (b.rust_type)())));
+        all.sort_by(|a, b| (a.kind, (a.rust_type)()).cmp(&(b.kind, (b.rust_type)())));
         let mut problems = Vec::new();
-        let mut by_name = BTreeMap::new();
+        let mut by_kind = BTreeMap::new();
         for reg in all {
             if let Some(problem) = invalid_reason(reg) {
                 problems.push(RegistrationProblem {
-                    name: reg.name.to_owned(),
+                    kind: reg.kind.to_owned(),
                     rust_type: (reg.rust_type)().to_owned(),
                     problem,
                 });
                 continue;
             }
-            if let Some(first) = by_name.insert(reg.name, reg) {
+            if let Some(first) = by_kind.insert(reg.kind, reg) {
                 problems.push(RegistrationProblem {
-                    name: reg.name.to_owned(),
+                    kind: reg.kind.to_owned(),
                     rust_type: (reg.rust_type)().to_owned(),
-                    problem: format!("the name is already used by `{}`", (first.rust_type)()),
+                    problem: format!("the kind is already used by `{}`", (first.rust_type)()),
                 });
             }
         }
         if problems.is_empty() {
-            Ok(Registry { by_name })
+            Ok(Registry { by_kind })
         } else {
             Err(problems)
         }
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<&'static Registration> {
-        self.by_name.get(name).copied()
+    pub(crate) fn get(&self, kind: &str) -> Option<&'static Registration> {
+        self.by_kind.get(kind).copied()
     }
 
-    /// Every registration, sorted by name.
+    /// Every registration, sorted by kind.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &'static Registration> + '_ {
-        self.by_name.values().copied()
+        self.by_kind.values().copied()
     }
 
     /// Every queue that has at least one registered job type, sorted.
     pub(crate) fn queues(&self) -> Vec<String> {
-        let mut queues: Vec<String> = self.by_name.values().map(|r| r.queue.to_owned()).collect();
+        let mut queues: Vec<String> = self.by_kind.values().map(|r| r.queue.to_owned()).collect();
         queues.sort();
         queues.dedup();
         queues
@@ -143,8 +144,8 @@ impl Registry {
 }
 
 fn invalid_reason(reg: &Registration) -> Option<String> {
-    if reg.name.is_empty() {
-        return Some("the job name is empty".into());
+    if reg.kind.is_empty() {
+        return Some("the job kind is empty".into());
     }
     if reg.queue.is_empty() || reg.queue.len() > MAX_QUEUE_LEN {
         return Some(format!(
@@ -152,8 +153,8 @@ fn invalid_reason(reg: &Registration) -> Option<String> {
             reg.queue
         ));
     }
-    if reg.name.len() > MAX_GROUP_LEN {
-        return Some(format!("the job name is longer than {MAX_GROUP_LEN} bytes"));
+    if reg.kind.len() > MAX_KIND_LEN {
+        return Some(format!("the job kind is longer than {MAX_KIND_LEN} bytes"));
     }
     if reg.max_attempts == 0 {
         return Some("max_attempts must be at least 1".into());

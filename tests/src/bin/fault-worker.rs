@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 /// queue and fields) to enqueue it.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "faults.job",
+    kind = "faults.job",
     queue = "faults",
     max_attempts = 25,
     timeout = "4s",
@@ -60,7 +60,7 @@ struct FaultJob {
 /// SIGSTOP the process mid-handler.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(
-    name = "faults.freeze",
+    kind = "faults.freeze",
     queue = "freeze",
     max_attempts = 10,
     timeout = "3s",

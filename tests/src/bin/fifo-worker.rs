@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 /// The multi-process test's job. The test binary declares the same type
 /// (same name, queue and fields) to enqueue it.
 #[derive(Job, Serialize, Deserialize, Debug)]
-#[job(name = "mp.job", queue = "mp")]
+#[job(kind = "mp.job", queue = "mp")]
 struct MpJob {
     group: u32,
     seq: u32,

@@ -174,7 +174,7 @@ pub(super) async fn fill(
         .bind::<BigInt, _>(first)
         .bind::<Text, _>(BenchJob::QUEUE)
         .bind::<BigInt, _>(groups)
-        .bind::<Text, _>(BenchJob::NAME)
+        .bind::<Text, _>(BenchJob::KIND)
         .bind::<SmallInt, _>(BenchJob::PRIORITY)
         .bind::<Integer, _>(BenchJob::MAX_ATTEMPTS as i32)
         .bind::<BigInt, _>(jobs)

@@ -69,7 +69,7 @@ fn idle_bounds(registry: &Registry, config: &RunnerConfig) -> IdleBounds {
         .iter()
         .map(|r| {
             (
-                r.name.to_owned(),
+                r.kind.to_owned(),
                 ms(r.timeout.unwrap_or(config.default_timeout)),
             )
         })

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Job, Serialize, Deserialize)]
 #[job(
     queue = "billing",
-    name = "charge",
+    kind = "charge",
     max_attempts = 7,
     timeout = "30s",
     backoff = "500ms",
@@ -38,7 +38,7 @@ impl Handler for Extremes {
 }
 
 fn main() {
-    assert_eq!(<ChargeInvoice as Job>::NAME, "charge");
+    assert_eq!(<ChargeInvoice as Job>::KIND, "charge");
     assert_eq!(<ChargeInvoice as Job>::QUEUE, "billing");
     assert_eq!(<ChargeInvoice as Job>::MAX_ATTEMPTS, 7);
     assert_eq!(<ChargeInvoice as Job>::TIMEOUT, Some(Duration::from_secs(30)));

@@ -18,7 +18,7 @@ impl Handler for SendWelcomeEmail {
 }
 
 fn main() {
-    assert_eq!(<SendWelcomeEmail as Job>::NAME, "SendWelcomeEmail");
+    assert_eq!(<SendWelcomeEmail as Job>::KIND, "SendWelcomeEmail");
     assert_eq!(<SendWelcomeEmail as Job>::QUEUE, "default");
     assert_eq!(<SendWelcomeEmail as Job>::MAX_ATTEMPTS, 5);
     assert_eq!(<SendWelcomeEmail as Job>::TIMEOUT, None);

@@ -25,7 +25,7 @@ impl Handler for Notify {
 }
 
 fn main() {
-    assert_eq!(<Notify as Job>::NAME, "Notify");
+    assert_eq!(<Notify as Job>::KIND, "Notify");
     assert_eq!(<Notify as Job>::QUEUE, "notifications");
     assert_eq!(<Notify as Job>::PRIORITY, 3);
     assert_eq!(<Notify as Job>::MAX_ATTEMPTS, 5);

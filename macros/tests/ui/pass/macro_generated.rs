@@ -22,7 +22,7 @@ macro_rules! job {
 job!(Cleanup, "maintenance", -7);
 
 fn main() {
-    assert_eq!(<Cleanup as Job>::NAME, "Cleanup");
+    assert_eq!(<Cleanup as Job>::KIND, "Cleanup");
     assert_eq!(<Cleanup as Job>::QUEUE, "maintenance");
     assert_eq!(<Cleanup as Job>::PRIORITY, -7);
 }

@@ -24,7 +24,7 @@ impl Handler for MonthlyReport {
 }
 
 fn main() {
-    assert_eq!(<MonthlyReport as Job>::NAME, "MonthlyReport");
+    assert_eq!(<MonthlyReport as Job>::KIND, "MonthlyReport");
     assert_eq!(<MonthlyReport as Job>::QUEUE, "reports");
     assert_eq!(<MonthlyReport as Job>::MAX_ATTEMPTS, 1);
     assert_eq!(<MonthlyReport as Job>::TIMEOUT, Some(Duration::from_secs(300)));

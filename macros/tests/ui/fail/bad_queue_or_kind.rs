@@ -1,10 +1,10 @@
-// Queue names must be 1 to 128 bytes and job names 1 to 256 bytes.
+// Queue names must be 1 to 128 bytes and job kinds 1 to 256 bytes.
 
 use pgfifo::Job;
 use serde::{Deserialize, Serialize};
 
 #[derive(Job, Serialize, Deserialize)]
-#[job(queue = "", name = "")]
+#[job(queue = "", kind = "")]
 struct ChargeInvoice {
     invoice_id: i64,
 }
