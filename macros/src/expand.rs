@@ -31,7 +31,7 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
 ///
 /// The impl header and the registration carry the span of the type's name:
 /// when the type lacks a serde derive (required by `Job`'s supertraits) or a
-/// `Handler` impl (required by `Registration::of`), the compiler points at the
+/// `Handler` impl (required by `registration`), the compiler points at the
 /// name the user wrote rather than at the derive.
 fn expand(job: &Input<'_>) -> TokenStream {
     let ident = job.ident;
@@ -57,7 +57,7 @@ fn expand(job: &Input<'_>) -> TokenStream {
         impl ::pgfifo::Job for #ident
     };
     let registration = quote_spanned! {span=>
-        ::pgfifo::__private::Registration::of::<#ident>()
+        ::pgfifo::__private::registration::<#ident>()
     };
 
     quote! {
@@ -124,7 +124,7 @@ mod tests {
                  ::core::time::Duration::from_millis(1000);",
                 "const PRIORITY: i16 = 0;",
                 "::pgfifo::__private::inventory::submit! { \
-                 ::pgfifo::__private::Registration::of::<MyJob>() }",
+                 ::pgfifo::__private::registration::<MyJob>() }",
             ],
         );
         assert!(!out.contains("compile_error"));
@@ -150,7 +150,7 @@ mod tests {
                 "= ::core::option::Option::Some(::core::time::Duration::from_millis(30000));",
                 "::core::time::Duration::from_millis(500);",
                 "const PRIORITY: i16 = -2;",
-                "Registration::of::<Charge>()",
+                "registration::<Charge>()",
             ],
         );
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo_tests::faults::private_pg::{PrivatePg, StopMode};
-use pgfifo_tests::faults::runs::Rng;
+use pgfifo_tests::faults::rng::Rng;
 
 use crate::checks;
 use crate::jobs::FAULT_LOG;

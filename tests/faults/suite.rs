@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use pgfifo::{EnqueueOptions, NewJob};
 use pgfifo_tests::faults::private_pg::{PrivatePg, StopMode};
-use pgfifo_tests::faults::runs::{Mode, Rng};
+use pgfifo_tests::faults::rng::Rng;
+use pgfifo_tests::faults::runs::Mode;
 use pgfifo_tests::records::now_ns;
 
 use crate::jobs::{FaultJob, APP_PREFIX, FAULT_TIMEOUT};

@@ -212,7 +212,9 @@ impl Fx {
     }
 
     /// Watches for [`QUIET`] and asserts that none of `ids` started and all
-    /// are still queued.
+    /// are still queued. Something that must not happen has no event to wait
+    /// for: the watch is a window of time, several of the runner's polls and
+    /// wakeups long.
     pub(crate) async fn assert_not_started(&self, ids: &[JobId], why: &str) {
         tokio::time::sleep(QUIET).await;
         assert_eq!(self.attempts_of(ids).await, 0, "{why}: a job started");

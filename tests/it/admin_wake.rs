@@ -27,9 +27,28 @@ async fn deaf_runner(fx: &Fx) -> RunnerHandle {
     .await
 }
 
-/// Lets the runner's workers finish their last pick and go to sleep.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(300)).await;
+/// Waits until the runner's lanes have finished their last pick and sleep:
+/// no other connection to the test's database is running a statement or
+/// sits in a transaction, at two looks in a row (a lane between two
+/// statements of its pick is idle for a moment).
+async fn settle(fx: &Fx) {
+    let busy = "SELECT count(*) FROM pg_stat_activity \
+                WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                AND backend_type = 'client backend' AND state IS DISTINCT FROM 'idle'";
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    let mut quiet_looks = 0;
+    while quiet_looks < 2 {
+        quiet_looks = if fx.scalar(busy).await == 0 {
+            quiet_looks + 1
+        } else {
+            0
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the runner did not go idle within {PROMPT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits [`PROMPT`] at most for `ids` to succeed.
@@ -59,7 +78,7 @@ async fn held_group(fx: &Fx) -> (RunnerHandle, JobId, JobId) {
     let runner = deaf_runner(fx).await;
     let ids = fx.push_many(Some("h"), 0..2).await;
     fx.wait_held("h").await;
-    settle().await;
+    settle(fx).await;
     (runner, ids[0], ids[1])
 }
 
@@ -75,7 +94,7 @@ async fn retry_resume_and_release_wake_an_idle_runner() {
 
     // Retrying a failed job.
     fx.fix_all().await;
-    settle().await;
+    settle(&fx).await;
     admin::retry_jobs(&mut conn, &[head]).await.unwrap();
     wait_prompt(&fx, &[head], "retry_jobs").await;
 
@@ -115,7 +134,7 @@ async fn cancelling_a_waiting_head_wakes_an_idle_runner() {
     let head = fx.push_with(0, Mode::Ok, later).await;
     let next = fx.push("w", 1, Mode::Ok).await;
     fx.wait_head(head).await;
-    settle().await;
+    settle(&fx).await;
     let mut conn = fx.conn().await;
     admin::cancel_job(&mut conn, head, None).await.unwrap();
     wait_prompt(&fx, &[next], "cancel_job of the head").await;

@@ -14,11 +14,13 @@ mod enqueue_api;
 mod enqueue_no_wait;
 mod enqueue_options;
 mod migrations;
+mod schema_check;
 mod ungrouped;
 mod upgrade;
 
 // Runner side.
 mod atomicity;
+mod batch_functions;
 mod batching;
 mod contention;
 mod crashes;

@@ -1,18 +1,17 @@
 //! Schema migrations on databases created here without the migrated
 //! template: apply, idempotence, status, rollback, re-apply, concurrent
-//! migrations, the function set, the runner's schema check and its
-//! messages, and the bookkeeping tables living apart from the host
-//! application's. (Upgrades from a released schema: `upgrade.rs`.)
+//! migrations, the function set, and the bookkeeping tables living apart
+//! from the host application's. (The runner's schema check:
+//! `schema_check.rs`; upgrades from a released schema: `upgrade.rs`.)
 
 use std::time::Duration;
 
-use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::QueryableByName;
-use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo::migrate::{self, FunctionsStatus, Migrated, MigrationStatus, SchemaStatus};
 use pgfifo::runner::JobOutcome;
 use pgfifo::{async_trait, Error, Handler, Job, JobContext, JobError};
-use pgfifo_tests::{test_config, FreshDb, TestDb};
+use pgfifo_tests::query::{scalar, text};
+use pgfifo_tests::{test_config, FreshDb};
 use serde::{Deserialize, Serialize};
 
 #[derive(Job, Serialize, Deserialize, Debug)]
@@ -27,32 +26,6 @@ impl Handler for MigrationsJob {
         ctx.set_result(&self.n)?;
         Ok(())
     }
-}
-
-async fn scalar(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = BigInt)]
-        v: i64,
-    }
-    let row: Row = diesel::sql_query(format!("SELECT ({sql})::bigint AS v"))
-        .get_result(conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    row.v
-}
-
-async fn text(conn: &mut AsyncPgConnection, sql: &str) -> Option<String> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = Nullable<Text>)]
-        v: Option<String>,
-    }
-    let row: Row = diesel::sql_query(format!("SELECT ({sql})::text AS v"))
-        .get_result(conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    row.v
 }
 
 /// How many of pgfifo's tables, sequences and functions of version 1 exist.
@@ -80,7 +53,7 @@ fn all_versions_reversed() -> Vec<i64> {
 }
 
 /// The newest schema version.
-fn latest() -> i64 {
+pub(crate) fn latest() -> i64 {
     migrate::latest_version()
 }
 
@@ -333,92 +306,6 @@ async fn concurrent_migrations_apply_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runner_refuses_an_unmigrated_database() {
-    let db = FreshDb::new("mig").await;
-    let pool = pgfifo::connect(&db.url, 4).await.unwrap();
-    let err = pgfifo::runner::start(pool.clone(), test_config())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::SchemaOutdated { found: None, needed } if needed == latest()),
-        "expected SchemaOutdated, got {err:?}"
-    );
-    let message = err.to_string();
-    assert!(
-        message.contains("missing")
-            && message.contains(&format!("needs version {}", latest()))
-            && message.contains("pgfifo migrate up"),
-        "{message}"
-    );
-    let mut conn = db.connect().await;
-    assert_eq!(
-        scalar(
-            &mut conn,
-            "(SELECT count(*) FROM pg_namespace WHERE nspname = 'pgfifo')"
-        )
-        .await,
-        0,
-        "starting a runner does not migrate silently"
-    );
-
-    // Migrated then rolled back to 0.1.0's version: outdated, and the
-    // message names both versions and the command.
-    migrate::migrate(&pool).await.unwrap();
-    migrate::rollback(&mut conn, 1).await.unwrap();
-    let err = pgfifo::runner::start(pool.clone(), test_config())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::SchemaOutdated { found: Some(2), needed } if needed == latest()),
-        "{err:?}"
-    );
-    let message = err.to_string();
-    assert!(
-        message.contains("at version 2 (pgfifo 0.1.0)")
-            && message.contains(&format!("pgfifo {}", migrate::RELEASE))
-            && message.contains("pgfifo migrate up"),
-        "{message}"
-    );
-
-    // A schema newer than this library: refused by the runner and by migrate.
-    migrate::migrate(&pool).await.unwrap();
-    let future = latest() + 1;
-    conn.batch_execute(&format!(
-        "INSERT INTO pgfifo.schema_migrations (version, name, checksum) VALUES ({future}, 'from_the_future', '')"
-    ))
-    .await
-    .unwrap();
-    let err = pgfifo::runner::start(pool.clone(), test_config())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::SchemaTooNew(v) if v == future),
-        "{err:?}"
-    );
-    let message = err.to_string();
-    assert!(
-        message.contains(&format!("at version {future}"))
-            && message.contains(&format!("schema version {}", latest()))
-            && message.contains("migrate status"),
-        "{message}"
-    );
-    let err = migrate::migrate_conn(&mut conn).await.unwrap_err();
-    assert!(
-        matches!(err, Error::SchemaTooNew(v) if v == future),
-        "{err:?}"
-    );
-    let status = migrate::status(&mut conn).await.unwrap();
-    assert_eq!(status.migrations.len(), future as usize, "{status:?}");
-    assert!(status.migrations.iter().all(|s| s.applied), "{status:?}");
-    assert_eq!(
-        status.migrations.last().unwrap().release,
-        None,
-        "unknown here"
-    );
-    drop(pool);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bookkeeping_stays_apart_from_the_host_migrations() {
     let db = FreshDb::new("mig").await;
     let mut conn = db.connect().await;
@@ -505,56 +392,4 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
         everything()
     );
     check_host(&mut conn).await;
-}
-
-/// A database whose migration 1 was applied from different SQL (another
-/// pgfifo build) is refused at start, before any job runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runner_refuses_a_schema_migrated_from_different_sql() {
-    let db = TestDb::new().await;
-    db.exec(
-        "UPDATE pgfifo.schema_migrations SET checksum = md5('something else') WHERE version = 1",
-    )
-    .await;
-    let err = pgfifo::runner::start(db.pool.clone(), test_config())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::SchemaMismatch(1)), "{err:?}");
-    assert!(err.to_string().contains("differs"), "{err}");
-}
-
-/// Functions installed by another build (or release) are refused at start
-/// with the command to run, and `migrate` reinstalls this release's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runner_refuses_functions_another_build_installed() {
-    let db = TestDb::new().await;
-    db.exec("UPDATE pgfifo.schema_functions SET checksum = md5('older'), release = '0.1.9'")
-        .await;
-    let err = pgfifo::runner::start(db.pool.clone(), test_config())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::FunctionsDiffer { installed_by } if installed_by == "0.1.9"),
-        "{err:?}"
-    );
-    let message = err.to_string();
-    assert!(
-        message.contains("installed by pgfifo 0.1.9") && message.contains("pgfifo migrate up"),
-        "{message}"
-    );
-    let mut conn = db.conn().await;
-    assert_eq!(
-        migrate::status(&mut conn).await.unwrap().functions,
-        FunctionsStatus::Different {
-            installed_by: "0.1.9".into()
-        }
-    );
-    assert_eq!(
-        migrate::migrate_conn(&mut conn).await.unwrap(),
-        Migrated {
-            applied: vec![],
-            functions_installed: true
-        }
-    );
-    migrate::check_current(&mut conn).await.unwrap();
 }

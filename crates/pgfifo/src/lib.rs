@@ -86,6 +86,7 @@ pub type JobId = i64;
 /// Items the derive macro's output refers to. Not public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::handler::registration;
     pub use crate::registry::Registration;
     pub use inventory;
 }

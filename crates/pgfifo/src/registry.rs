@@ -13,19 +13,19 @@ use futures_util::future::BoxFuture;
 
 use crate::context::JobContext;
 use crate::error::{Error, RegistrationProblem};
-use crate::handler::Handler;
 use crate::job_error::JobError;
 use crate::names::{MAX_KIND_LEN, MAX_QUEUE_LEN};
 
 /// Runs a handler on a raw JSON payload: deserializes, then calls `handle`
-/// (see [`run_erased`]).
+/// (see `handler::run_erased`).
 pub(crate) type RunFn = for<'a, 'b> fn(
     &'a serde_json::Value,
     &'a mut JobContext<'b>,
 ) -> BoxFuture<'a, Result<(), JobError>>;
 
-/// One job type as the derive registers it (with [`Registration::of`]).
-/// Built in a `const` context.
+/// One job type as the derive registers it (built by
+/// [`handler::registration`](crate::handler::registration), in a `const`
+/// context).
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Registration {
@@ -39,40 +39,6 @@ pub struct Registration {
     pub(crate) backoff: Duration,
     pub(crate) priority: i16,
     pub(crate) run: RunFn,
-}
-
-impl Registration {
-    /// The registration of handler type `T` (built by the derive, in a
-    /// `const` context).
-    pub const fn of<T: Handler>() -> Self {
-        Self {
-            kind: T::KIND,
-            queue: T::QUEUE,
-            rust_type: std::any::type_name::<T>,
-            max_attempts: T::MAX_ATTEMPTS,
-            timeout: T::TIMEOUT,
-            backoff: T::BACKOFF,
-            priority: T::PRIORITY,
-            run: run_erased::<T>,
-        }
-    }
-}
-
-/// Deserializes the payload into `T` and runs its handler. A payload that
-/// does not deserialize is a permanent failure: retrying cannot fix it.
-fn run_erased<'a, 'b, T: Handler>(
-    payload: &'a serde_json::Value,
-    ctx: &'a mut JobContext<'b>,
-) -> BoxFuture<'a, Result<(), JobError>> {
-    Box::pin(async move {
-        let job = T::deserialize(payload).map_err(|err| {
-            JobError::permanent(format!(
-                "the payload does not deserialize into {}: {err}",
-                std::any::type_name::<T>()
-            ))
-        })?;
-        job.handle(ctx).await
-    })
 }
 
 inventory::collect!(Registration);

@@ -3,4 +3,5 @@
 //! its `fault-worker` processes with the checks made on them ([`runs`]).
 
 pub mod private_pg;
+pub mod rng;
 pub mod runs;
