@@ -11,6 +11,11 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`), creates a fresh database
 //! `pgfifo_demo` there, migrates it, enqueues invoices for four
 //! tenants, runs them with four workers, prints a timeline and exits.
+//!
+//! When no server answers there, it starts a throwaway one if the PostgreSQL
+//! server binaries are installed (and says so in one line), or else exits
+//! with one line saying what to do. `PGFIFO_DEMO_THROWAWAY=off` turns the
+//! throwaway server off.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -70,8 +75,15 @@ impl Handler for ChargeInvoice {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     pgfifo_examples::init_logging();
-    let url =
-        pgfifo_examples::fresh_database(&pgfifo_examples::server_url(), "pgfifo_demo").await?;
+    // DATABASE_URL's server, or a throwaway one when none answers there.
+    let server = match pgfifo_examples::demo_server().await {
+        Ok(server) => server,
+        Err(problem) => {
+            eprintln!("pgfifo demo: {problem}");
+            std::process::exit(2);
+        }
+    };
+    let url = pgfifo_examples::fresh_database(&server.url, "pgfifo_demo").await?;
     let pool = pgfifo::connect(&url, 10).await?;
     pgfifo::migrate(&pool).await?;
 

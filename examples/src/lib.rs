@@ -1,7 +1,17 @@
 //! Examples live in this package's `[[example]]` targets; this library holds
 //! what they share.
 
+use std::time::Duration;
+
 use pgfifo::diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+
+pub mod throwaway_pg;
+
+use throwaway_pg::ThrowawayPg;
+
+/// How long the first connection to `DATABASE_URL` may take before the
+/// server counts as unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
 pub fn init_logging() {
@@ -17,6 +27,81 @@ pub fn init_logging() {
 pub fn server_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A PostgreSQL server to run on: `DATABASE_URL`'s when it answers, else a
+/// throwaway one started for this run (kept alive by the returned guard).
+pub struct Server {
+    /// The server's URL (its `postgres` database for a throwaway one).
+    pub url: String,
+    /// The throwaway server, stopped and deleted when dropped.
+    pub throwaway: Option<ThrowawayPg>,
+}
+
+/// Finds a server for the demo: [`server_url`] if a connection succeeds
+/// within a few seconds; otherwise, with the server binaries on the machine
+/// and `PGFIFO_DEMO_THROWAWAY` not `off`, a throwaway server, announced in
+/// one line on stderr. Fails with one line saying what to do when neither
+/// works.
+pub async fn demo_server() -> Result<Server, String> {
+    let url = server_url();
+    let problem =
+        match tokio::time::timeout(PROBE_TIMEOUT, AsyncPgConnection::establish(&url)).await {
+            Ok(Ok(_)) => {
+                return Ok(Server {
+                    url,
+                    throwaway: None,
+                })
+            }
+            Ok(Err(err)) => one_line(&err.to_string()),
+            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+        };
+    let shown = without_password(&url);
+    let allowed = std::env::var("PGFIFO_DEMO_THROWAWAY").map_or(true, |v| v != "off");
+    let Some(bin) = allowed.then(throwaway_pg::find_server_binaries).flatten() else {
+        return Err(format!(
+            "cannot reach PostgreSQL at {shown} ({problem}): start it (for example \
+             `pg_ctlcluster 15 main start`) or set DATABASE_URL to a server you can reach"
+        ));
+    };
+    let pg = ThrowawayPg::start(bin).map_err(|err| {
+        format!(
+            "cannot reach PostgreSQL at {shown} ({problem}), and a throwaway server would not \
+             start: {}",
+            one_line(&err)
+        )
+    })?;
+    eprintln!(
+        "pgfifo demo: no PostgreSQL at {shown} ({problem}); running on a throwaway server \
+         at {} instead (files in {}, removed on exit)",
+        pg.url(),
+        pg.dir().display()
+    );
+    Ok(Server {
+        url: pg.url(),
+        throwaway: Some(pg),
+    })
+}
+
+/// `text` on one line.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `url` without the password it may carry, for messages.
+fn without_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{}{user}@{}", &url[..scheme_end], &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
 }
 
 /// Creates a fresh database `name` on `server` (dropping the one a previous
@@ -57,7 +142,20 @@ fn database_url(server: &str, name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::database_url;
+    use super::{database_url, without_password};
+
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        assert_eq!(
+            without_password("postgres://app:s3cret@db:5432/x?sslmode=require"),
+            "postgres://app@db:5432/x?sslmode=require"
+        );
+        assert_eq!(
+            without_password("postgres://postgres@127.0.0.1/postgres"),
+            "postgres://postgres@127.0.0.1/postgres"
+        );
+        assert_eq!(without_password("postgres://h/db"), "postgres://h/db");
+    }
 
     #[test]
     fn the_database_of_a_url_is_replaced() {
