@@ -27,12 +27,14 @@ mod crashes;
 mod exclusivity_fifo;
 mod handler_misuse;
 mod retries;
+mod schedules;
 mod stored_bad_input;
 mod timeouts_shutdown;
 mod wakeups;
 
 // Several OS processes on one database.
 mod multiprocess;
+mod schedules_multi;
 
 // Operating pgfifo.
 mod admin_ops;

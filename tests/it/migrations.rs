@@ -135,22 +135,23 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
         "tables, sequence and functions exist: {objects}"
     );
 
-    // One step down and up: the newest migration alone is reverted and
-    // re-applied. Its functions stay (they accept the previous release's
-    // calls) but are no longer recorded; migrate records them again.
+    // Down to 0.1.0's schema (version 2) and up again: the migrations after
+    // it are reverted and re-applied. The functions stay (they accept
+    // 0.1.0's calls) but are no longer recorded; migrate records them again.
     let newest = latest() as usize;
+    let since_0_1_0: Vec<i64> = (3..=latest()).collect();
     assert_eq!(
-        migrate::rollback(&mut conn, 1).await.unwrap(),
-        vec![latest()]
+        migrate::rollback(&mut conn, newest - 2).await.unwrap(),
+        since_0_1_0.iter().rev().copied().collect::<Vec<_>>()
     );
     assert_eq!(
         migrate::status(&mut conn).await.unwrap(),
-        status_first(newest - 1, FunctionsStatus::Unrecorded)
+        status_first(2, FunctionsStatus::Unrecorded)
     );
     let err = migrate::check_current(&mut conn).await.unwrap_err();
     assert!(
-        matches!(err, Error::SchemaOutdated { found: Some(found), needed } if found == latest() - 1 && needed == latest()),
-        "a database one migration behind is outdated: {err:?}"
+        matches!(err, Error::SchemaOutdated { found: Some(2), needed } if needed == latest()),
+        "a database at 0.1.0's version is outdated: {err:?}"
     );
     assert_eq!(
         scalar(
@@ -159,12 +160,12 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
         )
         .await,
         1,
-        "the functions stay when the newest migration is reverted"
+        "the functions stay when the newer migrations are reverted"
     );
     assert_eq!(
         migrate::migrate_conn(&mut conn).await.unwrap(),
         Migrated {
-            applied: vec![latest()],
+            applied: since_0_1_0,
             functions_installed: true
         }
     );
@@ -364,7 +365,14 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
         )
         .await
         .as_deref(),
-        Some("1:init,2:operate,3:functions"),
+        Some(
+            migrate::MIGRATIONS
+                .iter()
+                .map(|m| format!("{}:{}", m.version, m.name))
+                .collect::<Vec<_>>()
+                .join(",")
+                .as_str()
+        ),
         "pgfifo records its migrations in pgfifo.schema_migrations"
     );
     assert_eq!(

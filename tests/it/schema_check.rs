@@ -44,7 +44,9 @@ async fn runner_refuses_an_unmigrated_database() {
     // Migrated then rolled back to 0.1.0's version: outdated, and the
     // message names both versions and the command.
     migrate::migrate(&pool).await.unwrap();
-    migrate::rollback(&mut conn, 1).await.unwrap();
+    migrate::rollback(&mut conn, migrate::latest_version() as usize - 2)
+        .await
+        .unwrap();
     let err = pgfifo::runner::start(pool.clone(), test_config())
         .await
         .unwrap_err();

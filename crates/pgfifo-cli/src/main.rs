@@ -1,8 +1,9 @@
 //! `pgfifo`: the operator's command-line tool for pgfifo. Applies and
 //! reverts the schema migrations, shows queues, groups and jobs, and repairs
 //! them (retry, cancel, skip a head, pause and resume, failure policy,
-//! purge). A thin layer over `pgfifo::admin` and `pgfifo::migrate`.
+//! purge), and lists and steers recurring jobs. A thin layer over `pgfifo::admin` and `pgfifo::migrate`.
 
+mod args;
 mod commands;
 mod duration;
 mod error;
@@ -11,10 +12,11 @@ mod output;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
-use pgfifo::admin::{FailurePolicy, FinishedState, JobStateFilter};
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use pgfifo::admin::FinishedState;
 use pgfifo::JobId;
 
+use crate::args::{job_id, limit, PolicyArg, PurgeState, StateArg};
 use crate::error::{CliError, CliResult};
 use crate::output::Output;
 
@@ -164,6 +166,46 @@ enum Command {
         #[arg(value_enum)]
         policy: Option<PolicyArg>,
     },
+    /// Recurring jobs: name, expression, zone, next and last tick, last job
+    ///
+    /// A schedule is `stale` when no live runner declares it as stored: it
+    /// does not fire until one does.
+    Schedules,
+    /// Show, pause, resume or delete one recurring job
+    Schedule {
+        #[command(subcommand)]
+        action: ScheduleAction,
+    },
+}
+
+/// `pgfifo schedule ...`.
+#[derive(Debug, Subcommand)]
+enum ScheduleAction {
+    /// Everything stored about one schedule
+    Show {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Stop firing a schedule: its ticks pass without jobs until resumed
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Fire a paused schedule again, from its next tick (ticks that passed
+    /// while it was paused are skipped)
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Delete a stale schedule and its tick history (the jobs it enqueued
+    /// stay)
+    ///
+    /// Refused (exit 1) while a live runner declares it: remove it from the
+    /// runners' code first.
+    Delete {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 /// `pgfifo migrate ...`.
@@ -267,79 +309,6 @@ struct Target {
     group: Option<String>,
 }
 
-/// A job state `pgfifo jobs --state` filters on.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum StateArg {
-    /// Not finished: waiting, scheduled, running or retrying.
-    Queued,
-    /// Ran successfully.
-    Succeeded,
-    /// Failed for good.
-    Failed,
-    /// Cancelled.
-    Cancelled,
-}
-
-impl From<StateArg> for JobStateFilter {
-    fn from(state: StateArg) -> Self {
-        match state {
-            StateArg::Queued => JobStateFilter::Queued,
-            StateArg::Succeeded => JobStateFilter::Succeeded,
-            StateArg::Failed => JobStateFilter::Failed,
-            StateArg::Cancelled => JobStateFilter::Cancelled,
-        }
-    }
-}
-
-/// A final state `pgfifo purge --state` deletes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum PurgeState {
-    /// Jobs that succeeded.
-    Succeeded,
-    /// Jobs that failed for good (a held group's failed head is kept).
-    Failed,
-    /// Jobs that were cancelled.
-    Cancelled,
-}
-
-impl From<PurgeState> for FinishedState {
-    fn from(state: PurgeState) -> Self {
-        match state {
-            PurgeState::Succeeded => FinishedState::Succeeded,
-            PurgeState::Failed => FinishedState::Failed,
-            PurgeState::Cancelled => FinishedState::Cancelled,
-        }
-    }
-}
-
-/// A failure policy on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum PolicyArg {
-    /// The failed job is kept as failed and the group goes on.
-    Continue,
-    /// The group stops at the failed job until it is retried or skipped.
-    Hold,
-}
-
-impl From<PolicyArg> for FailurePolicy {
-    fn from(policy: PolicyArg) -> Self {
-        match policy {
-            PolicyArg::Continue => FailurePolicy::Continue,
-            PolicyArg::Hold => FailurePolicy::Hold,
-        }
-    }
-}
-
-/// Job ids are positive.
-fn job_id() -> clap::builder::RangedI64ValueParser<JobId> {
-    clap::value_parser!(JobId).range(1..)
-}
-
-/// Listing limits are at least 1.
-fn limit() -> clap::builder::RangedI64ValueParser<i64> {
-    clap::value_parser!(i64).range(1..)
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -375,7 +344,7 @@ async fn run(cli: Cli) -> CliResult {
     let out = Output { json: cli.json };
     let mut conn = commands::connect(&url).await?;
     let conn = &mut *conn;
-    use commands::{inspect, migrate, ops, status};
+    use commands::{inspect, migrate, ops, schedules, status};
     match cli.command {
         Command::Migrate { action } => match action {
             MigrateAction::Up => migrate::up(conn, out).await,
@@ -433,6 +402,13 @@ async fn run(cli: Cli) -> CliResult {
         Command::Policy { queue, policy } => match policy {
             Some(policy) => ops::set_policy(conn, out, &queue, policy.into()).await,
             None => status::show_policy(conn, out, &queue).await,
+        },
+        Command::Schedules => schedules::list(conn, out).await,
+        Command::Schedule { action } => match action {
+            ScheduleAction::Show { name } => schedules::show(conn, out, &name).await,
+            ScheduleAction::Pause { name } => schedules::pause(conn, out, &name, true).await,
+            ScheduleAction::Resume { name } => schedules::pause(conn, out, &name, false).await,
+            ScheduleAction::Delete { name } => schedules::delete(conn, out, &name).await,
         },
     }
 }

@@ -94,6 +94,39 @@ impl EnqueueOptions {
     }
 }
 
+impl EnqueueOptions {
+    /// The same options with this group (`None`: ungrouped).
+    pub(crate) fn with_group(mut self, group: Option<String>) -> Self {
+        self.group = group;
+        self
+    }
+
+    /// The group, if any.
+    pub(crate) fn group_name(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+
+    /// The queue set here, if any (else the job type's).
+    pub(crate) fn queue_name(&self) -> Option<&str> {
+        self.queue.as_deref()
+    }
+
+    /// The options as a JSON object with every field, for comparing two
+    /// declarations of a schedule.
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        serde_json::json!({
+            "group": self.group,
+            "queue": self.queue,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "unique_key": self.unique_key,
+            "run_at_us": self.run_at.and_then(|at| micros_since_epoch(at).ok()),
+            "delay_us": self.delay.map(micros),
+        })
+    }
+}
+
 /// A job ready to be enqueued: the serialized payload with its options,
 /// validated. Build many and pass them to [`enqueue_batch`].
 #[derive(Debug, Clone)]

@@ -39,6 +39,24 @@ pub enum Error {
     /// problem is listed.
     #[error("invalid job registrations:{}", ListProblems(.0))]
     InvalidRegistrations(Vec<RegistrationProblem>),
+    /// One or more schedules of [`RunnerConfig`](crate::RunnerConfig) are
+    /// invalid (a bad cron expression or time zone, a name declared twice
+    /// with different definitions…). Every problem is listed, and the
+    /// runner did not start.
+    #[error("invalid schedules:{}", ListProblems(.0))]
+    InvalidSchedules(Vec<ScheduleProblem>),
+    /// No schedule has this name.
+    #[error("no schedule named {0:?}")]
+    ScheduleNotFound(String),
+    /// The schedule is declared by live runners, so it cannot be deleted:
+    /// remove it from their configuration (and restart them) first.
+    #[error("schedule {name:?} is declared by live runners ({}); remove it from their configuration first", .runners.join(", "))]
+    ScheduleDeclared {
+        /// The schedule.
+        name: String,
+        /// The live runners that declare it.
+        runners: Vec<String>,
+    },
     /// The job payload could not be serialized to JSON.
     #[error("job payload does not serialize to JSON: {0}")]
     Serialize(#[source] serde_json::Error),
@@ -200,9 +218,24 @@ impl fmt::Display for RegistrationProblem {
     }
 }
 
-struct ListProblems<'a>(&'a [RegistrationProblem]);
+/// One invalid schedule found by [`runner::start`](crate::runner::start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleProblem {
+    /// The schedule's name.
+    pub schedule: String,
+    /// What is wrong.
+    pub problem: String,
+}
 
-impl fmt::Display for ListProblems<'_> {
+impl fmt::Display for ScheduleProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "schedule {:?}: {}", self.schedule, self.problem)
+    }
+}
+
+struct ListProblems<'a, P>(&'a [P]);
+
+impl<P: fmt::Display> fmt::Display for ListProblems<'_, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for problem in self.0 {
             write!(f, "\n  - {problem}")?;

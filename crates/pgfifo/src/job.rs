@@ -85,15 +85,24 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
     }
 }
 
+/// Fails unless `J` is registered in this binary under its kind.
+pub(crate) fn check_registered<J: Job>() -> Result<()> {
+    registration_of::<J>().map(|_| ())
+}
+
+fn registration_of<J: Job>() -> Result<&'static crate::registry::Registration> {
+    Registry::global()?
+        .get(J::KIND)
+        .filter(|r| (r.rust_type)() == std::any::type_name::<J>())
+        .ok_or_else(|| Error::UnknownJobType(J::KIND.to_owned()))
+}
+
 impl NewJob {
     /// Serializes `job` and checks its options. Fails, writing nothing, when
     /// the queue or group name is empty or too long, an option is out of
     /// range, or the job type is not registered in this binary.
     pub fn new<J: Job>(job: &J, options: EnqueueOptions) -> Result<Self> {
-        let registration = Registry::global()?
-            .get(J::KIND)
-            .filter(|r| (r.rust_type)() == std::any::type_name::<J>())
-            .ok_or_else(|| Error::UnknownJobType(J::KIND.to_owned()))?;
+        let registration = registration_of::<J>()?;
         let defaults = KindDefaults {
             kind: registration.kind,
             queue: registration.queue,

@@ -59,6 +59,7 @@ pub mod migrate;
 mod names;
 mod registry;
 pub mod runner;
+pub mod schedule;
 
 pub use async_trait::async_trait;
 pub use context::JobContext;
@@ -68,13 +69,14 @@ pub use diesel;
 /// The diesel-async version pgfifo is built on (`AsyncPgConnection`, `RunQueryDsl`).
 pub use diesel_async;
 pub use enqueue::{enqueue_batch, EnqueueOptions, NewJob};
-pub use error::{Error, RegistrationProblem, Result};
+pub use error::{Error, RegistrationProblem, Result, ScheduleProblem};
 pub use handler::Handler;
 pub use job::Job;
 pub use job_error::{FailureKind, JobError};
 pub use migrate::migrate;
 pub use names::{MAX_GROUP_LEN, MAX_KIND_LEN, MAX_QUEUE_LEN};
 pub use runner::{Retention, RunnerConfig, RunnerHandle};
+pub use schedule::{Missed, Schedule};
 
 /// Derives [`Job`] for a serde type and registers its [`Handler`] with the
 /// runner. See the [`Job`] trait for the `#[job(...)]` attributes.

@@ -70,6 +70,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0003_functions/up.sql"),
         down: include_str!("../migrations/0003_functions/down.sql"),
     },
+    Migration {
+        version: 4,
+        name: "schedules",
+        release: "0.2.0",
+        up: include_str!("../migrations/0004_schedules/up.sql"),
+        down: include_str!("../migrations/0004_schedules/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.

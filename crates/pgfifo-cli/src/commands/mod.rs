@@ -4,6 +4,7 @@
 pub mod inspect;
 pub mod migrate;
 pub mod ops;
+pub mod schedules;
 pub mod status;
 
 use pgfifo::db::PooledConnection;

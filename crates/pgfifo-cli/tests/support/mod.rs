@@ -17,7 +17,7 @@ pub const QUEUE: &str = "cli";
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(queue = "cli", max_attempts = 3, timeout = "30s")]
 pub struct CliJob {
-    n: i64,
+    pub n: i64,
 }
 
 #[async_trait]

@@ -19,6 +19,7 @@
 //! | pause and resume a queue or one group | [`pause_queue`], [`pause_group`], … |
 //! | failure policy of a queue | [`set_failure_policy`] |
 //! | delete old finished jobs, idle groups | [`purge`], [`clean_groups`] |
+//! | recurring jobs: list, recent ticks, pause, resume, delete | [`schedules`], [`schedule_ticks`], [`pause_schedule`], [`resume_schedule`], [`delete_schedule`] |
 //!
 //! ```no_run
 //! # async fn run(conn: &mut pgfifo::diesel_async::AsyncPgConnection) -> pgfifo::Result<()> {
@@ -38,6 +39,7 @@
 mod groups;
 mod jobs;
 mod ops;
+mod schedules;
 mod status;
 mod time;
 
@@ -49,6 +51,10 @@ pub use ops::{
     cancel_job, clean_groups, pause_group, pause_queue, purge, purge_batch, resume_group,
     resume_queue, retry_failed, retry_jobs, set_failure_policy, skip_head, FailurePolicy,
     FinishedState, PurgeBatch, Retried, RetryResult, PURGE_BATCH,
+};
+pub use schedules::{
+    delete_schedule, pause_schedule, resume_schedule, schedule, schedule_ticks, schedules,
+    ScheduleInfo, TickInfo,
 };
 pub use status::{
     gauges, queue_status, queues, status, BlockedGroups, Count, GroupBacklog, QueueGauges,

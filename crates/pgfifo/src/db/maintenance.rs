@@ -30,6 +30,8 @@ pub(crate) struct RunnerRow<'a> {
     pub running: serde_json::Value,
     /// The first beat of this runner: resets `started_at`.
     pub starting: bool,
+    /// The schedules it declares: `{"name": definition}`.
+    pub schedules: &'a serde_json::Value,
 }
 
 /// Upserts the runner's heartbeat row.
@@ -40,12 +42,13 @@ pub(crate) async fn beat(
     // The CTE reads the row as it was before this statement's upsert.
     diesel::sql_query(
         "WITH previous AS (SELECT r.heartbeat_at FROM pgfifo.runner AS r WHERE r.name = $1)
-         INSERT INTO pgfifo.runner AS r (name, started_at, heartbeat_at, queues, running, release)
-         VALUES ($1, now(), now(), $2, $3, $5)
+         INSERT INTO pgfifo.runner AS r (name, started_at, heartbeat_at, queues, running, release,
+                                         schedules)
+         VALUES ($1, now(), now(), $2, $3, $5, $6)
          ON CONFLICT (name) DO UPDATE
          SET started_at = CASE WHEN $4 THEN now() ELSE r.started_at END,
              heartbeat_at = now(), queues = EXCLUDED.queues, running = EXCLUDED.running,
-             release = EXCLUDED.release
+             release = EXCLUDED.release, schedules = EXCLUDED.schedules
          RETURNING (SELECT extract(epoch FROM now() - p.heartbeat_at)::float8
                     FROM previous AS p) AS previous_age_s,
                    (SELECT max(m.version) FROM pgfifo.schema_migrations AS m) AS schema_version",
@@ -55,6 +58,7 @@ pub(crate) async fn beat(
     .bind::<Jsonb, _>(row.running)
     .bind::<Bool, _>(row.starting)
     .bind::<Text, _>(row.release)
+    .bind::<Jsonb, _>(row.schedules)
     .get_result(conn)
     .await
 }

@@ -2,7 +2,7 @@
 //!
 //! One home for SQL: each statement lives in the file named for its
 //! consumer ([`runner`], [`enqueue`], [`admin`], [`maintenance`],
-//! [`migrate`]), with the rows it returns. The schema's functions, which
+//! [`schedule`], [`migrate`]), with the rows it returns. The schema's functions, which
 //! implement enqueue, pick and completion, are in `functions/` (installed by
 //! [`crate::migrate`]); its tables in `migrations/` at the repository root.
 //! Values always reach SQL as bound parameters, and no statement is built
@@ -14,6 +14,7 @@ pub(crate) mod error;
 pub(crate) mod maintenance;
 pub(crate) mod migrate;
 pub(crate) mod runner;
+pub(crate) mod schedule;
 pub(crate) mod statement;
 
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::maintenance::Retention;
 use crate::admin::RUNNER_ALIVE;
+use crate::schedule::Schedule;
 use crate::{Error, Result};
 
 /// How a runner works. Start from `RunnerConfig::default()` and adjust:
@@ -99,6 +100,9 @@ pub struct RunnerConfig {
     /// about a millisecond of handler time, so that jobs of different groups
     /// run side by side rather than one after another.
     pub batch_window: Duration,
+    /// Recurring jobs this runner declares and fires (default none); add
+    /// them with [`schedule`](Self::schedule).
+    pub schedules: Vec<Schedule>,
 }
 
 impl Default for RunnerConfig {
@@ -118,6 +122,7 @@ impl Default for RunnerConfig {
             retention: None,
             max_batch: 16,
             batch_window: Duration::from_millis(25),
+            schedules: Vec::new(),
         }
     }
 }
@@ -208,6 +213,15 @@ impl RunnerConfig {
     /// Starts no handler of a batch later than this after its first.
     pub fn batch_window(mut self, window: Duration) -> Self {
         self.batch_window = window;
+        self
+    }
+
+    /// Declares a recurring job: the runner enqueues its job on every tick,
+    /// once per tick however many runners declare it. Checked by
+    /// [`runner::start`](crate::runner::start), which names every invalid
+    /// schedule. See [`Schedule`].
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
         self
     }
 

@@ -16,7 +16,9 @@
 //!   knows of becomes ready by itself (a retry, a delayed job);
 //! * the **periodic tasks** (`maintenance/`): the heartbeat row in
 //!   `pgfifo.runner`, the sampled gauges of [`metrics`], and [`Retention`]
-//!   when configured.
+//!   when configured;
+//! * the **scheduler** (`scheduler/`), when the runner declares
+//!   [`Schedule`](crate::Schedule)s: it fires their ticks.
 //!
 //! What an attempt comes to is decided in one place (`outcome.rs`) and
 //! broadcast as a [`JobEvent`] once it commits.
@@ -34,6 +36,7 @@ mod listener;
 mod maintenance;
 pub mod metrics;
 mod outcome;
+mod scheduler;
 mod timer;
 
 pub use config::RunnerConfig;
@@ -140,9 +143,11 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     let registry = Registry::global()?;
     config.validate()?;
     let queues = served_queues(registry, &config)?;
+    let schedules = crate::schedule::compile_all(&config.schedules)?;
     {
         let mut conn = pool.get().await?;
         crate::migrate::check_current(&mut conn).await?;
+        scheduler::declare(&mut conn, &config.name, &schedules).await?;
     }
 
     let service = CancellationToken::new();
@@ -190,8 +195,13 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         queues: queues.clone(),
         interval: config.heartbeat_interval,
         metrics: metrics.clone(),
+        schedules: scheduler::declarations(&schedules),
     };
     tracker.spawn(heartbeat.run(service.clone()));
+    if !schedules.is_empty() {
+        let scheduler = scheduler::Scheduler::new(pool.clone(), config.name.clone(), schedules);
+        tracker.spawn(scheduler.run(stop.clone()));
+    }
     if let Some(interval) = config.metrics_interval {
         let gauges = Gauges {
             pool: pool.clone(),

@@ -28,6 +28,10 @@ pub(crate) struct Heartbeat {
     pub queues: Vec<String>,
     pub interval: Duration,
     pub metrics: Arc<Metrics>,
+    /// The schedules this runner declares, `{"name": definition}`: stored
+    /// with the heartbeat so that a schedule no live runner declares shows
+    /// as stale.
+    pub schedules: serde_json::Value,
 }
 
 impl Heartbeat {
@@ -81,6 +85,7 @@ impl Heartbeat {
             queues: &self.queues,
             running: self.metrics.running(),
             starting,
+            schedules: &self.schedules,
         };
         let beat = db::maintenance::beat(&mut conn, row).await?;
         if starting {

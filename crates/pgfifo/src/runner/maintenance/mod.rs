@@ -28,20 +28,20 @@ use crate::db::{Pool, PooledConnection};
 use crate::Result;
 
 /// Logs a periodic task's failures once, not every tick, until it works again.
-struct Complaints {
+pub(crate) struct Complaints {
     task: &'static str,
     failing: bool,
 }
 
 impl Complaints {
-    fn new(task: &'static str) -> Self {
+    pub(crate) fn new(task: &'static str) -> Self {
         Self {
             task,
             failing: false,
         }
     }
 
-    fn report<T>(&mut self, result: Result<T>) -> Option<T> {
+    pub(crate) fn report<T>(&mut self, result: Result<T>) -> Option<T> {
         match result {
             Ok(value) => {
                 if std::mem::take(&mut self.failing) {
@@ -64,7 +64,7 @@ impl Complaints {
 
 /// A pooled connection for one tick, waiting at most `patience` for it (a
 /// busy pool must not pile up ticks).
-async fn pooled(pool: &Pool, patience: Duration) -> Result<PooledConnection> {
+pub(crate) async fn pooled(pool: &Pool, patience: Duration) -> Result<PooledConnection> {
     match tokio::time::timeout(patience, pool.get_owned()).await {
         Ok(conn) => Ok(conn?),
         Err(_) => Err(bb8::RunError::TimedOut.into()),

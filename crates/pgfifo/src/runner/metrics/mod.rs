@@ -22,6 +22,8 @@
 //! | `pgfifo_blocked_groups` | gauge | `queue` | groups with jobs that cannot run now (paused, held at a failed head, or waiting for a retry), sampled |
 //! | `pgfifo_jobs_purged_total` | counter | — | jobs deleted by [retention](crate::runner::Retention) |
 //! | `pgfifo_groups_cleaned_total` | counter | — | idle groups deleted by retention |
+//! | `pgfifo_schedule_ticks_fired_total` | counter | `schedule` | ticks of a [schedule](crate::Schedule) this runner enqueued a job for |
+//! | `pgfifo_schedule_ticks_missed_total` | counter | `schedule` | due ticks this runner dealt with that got no job of their own (see [`Missed`](crate::Missed)) |
 //!
 //! The counters of job outcomes count what was committed, so they agree with
 //! the database (a run whose commit fails counts as aborted). Every started
@@ -73,6 +75,11 @@ pub const BLOCKED_GROUPS: &str = "pgfifo_blocked_groups";
 pub const JOBS_PURGED: &str = "pgfifo_jobs_purged_total";
 /// Counter: idle groups deleted by retention.
 pub const GROUPS_CLEANED: &str = "pgfifo_groups_cleaned_total";
+/// Counter: schedule ticks this runner enqueued a job for (label `schedule`).
+pub const SCHEDULE_TICKS_FIRED: &str = "pgfifo_schedule_ticks_fired_total";
+/// Counter: due schedule ticks this runner dealt with that got no job of
+/// their own (label `schedule`).
+pub const SCHEDULE_TICKS_MISSED: &str = "pgfifo_schedule_ticks_missed_total";
 
 /// What a run came to, as the `outcome` label says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,6 +355,16 @@ fn describe() {
         "Groups with jobs that cannot run now: paused, held, or waiting for a retry (sampled)"
     );
     describe_counter!(JOBS_PURGED, count, "Jobs deleted by retention");
+    describe_counter!(
+        SCHEDULE_TICKS_FIRED,
+        count,
+        "Schedule ticks this runner enqueued a job for"
+    );
+    describe_counter!(
+        SCHEDULE_TICKS_MISSED,
+        count,
+        "Due schedule ticks that got no job of their own"
+    );
     describe_counter!(GROUPS_CLEANED, count, "Idle groups deleted by retention");
 }
 
