@@ -76,16 +76,7 @@ impl Handler for ChargeInvoice {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     pgfifo_examples::init_logging();
     // DATABASE_URL's server, or a throwaway one when none answers there.
-    let server = match pgfifo_examples::demo_server().await {
-        Ok(server) => server,
-        Err(problem) => {
-            eprintln!("pgfifo demo: {problem}");
-            std::process::exit(2);
-        }
-    };
-    let url = pgfifo_examples::fresh_database(&server.url, "pgfifo_demo").await?;
-    let pool = pgfifo::connect(&url, 10).await?;
-    pgfifo::migrate(&pool).await?;
+    let (_server, pool) = pgfifo_examples::example_database("demo", "pgfifo_demo", 10).await?;
 
     // Enqueue five invoices for each of four tenants, in one round trip. Each
     // tenant's invoices must be charged one at a time, in order.

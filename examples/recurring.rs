@@ -66,16 +66,8 @@ fn usage_schedule() -> Schedule {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     pgfifo_examples::init_logging();
-    let server = match pgfifo_examples::demo_server().await {
-        Ok(server) => server,
-        Err(problem) => {
-            eprintln!("pgfifo recurring example: {problem}");
-            std::process::exit(2);
-        }
-    };
-    let url = pgfifo_examples::fresh_database(&server.url, "pgfifo_recurring").await?;
-    let pool = pgfifo::connect(&url, 20).await?;
-    pgfifo::migrate(&pool).await?;
+    let (_server, pool) =
+        pgfifo_examples::example_database("recurring example", "pgfifo_recurring", 20).await?;
 
     // Two runners, as two processes of a deployment would be.
     let config = |name: &str| {
@@ -89,11 +81,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("two runners declare schedule usage-report (*/2 * * * * *); running for 7 s\n");
     tokio::time::sleep(Duration::from_secs(7)).await;
 
+    // Pause it (as `pgfifo schedule pause usage-report` would), and let the
+    // last tick's job finish.
     let mut conn = pool.get().await?;
+    admin::pause_schedule(&mut conn, "usage-report").await?;
+    for _ in 0..100 {
+        let s = admin::schedule(&mut conn, "usage-report").await?;
+        if s.last_job_state.as_deref() == Some("succeeded") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for s in admin::schedules(&mut conn).await? {
         println!(
-            "\nschedule {}: {} ({}), group {}, missed-tick policy: {}\n  declared by {}\n  last tick {}, job {} ({})\n  next tick {}",
+            "\nschedule {}{}: {} ({}), group {}, missed-tick policy: {}\n  declared by {}\n  last tick {}, job {} ({})\n  next tick {}",
             s.name,
+            if s.paused { " (paused)" } else { "" },
             s.expression,
             s.time_zone,
             s.group.as_deref().unwrap_or("-"),

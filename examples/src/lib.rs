@@ -104,6 +104,28 @@ fn without_password(url: &str) -> String {
     }
 }
 
+/// What an example starts from: a [`Server`] (see [`demo_server`]), a fresh
+/// database `name` on it, migrated, and a pool of `size` connections to it.
+/// When no server can be had, prints one line naming `example` and exits
+/// with status 2. Keep the returned server alive while the pool is used.
+pub async fn example_database(
+    example: &str,
+    name: &str,
+    size: u32,
+) -> Result<(Server, pgfifo::Pool), Box<dyn std::error::Error>> {
+    let server = match demo_server().await {
+        Ok(server) => server,
+        Err(problem) => {
+            eprintln!("pgfifo {example}: {problem}");
+            std::process::exit(2);
+        }
+    };
+    let url = fresh_database(&server.url, name).await?;
+    let pool = pgfifo::connect(&url, size).await?;
+    pgfifo::migrate(&pool).await?;
+    Ok((server, pool))
+}
+
 /// Creates a fresh database `name` on `server` (dropping the one a previous
 /// run left), so every run starts from scratch. Returns its URL. `name` must
 /// be a plain lowercase identifier: it is part of the statements (a database
