@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pgfifo::admin;
 use pgfifo::schedule::{Missed, Schedule, Tick};
-use pgfifo::{async_trait, Error, Handler, Job, JobContext, JobError};
+use pgfifo::{async_trait, EnqueueOptions, Error, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{eventually, test_config, TestDb};
 use serde::{Deserialize, Serialize};
 
@@ -124,7 +124,8 @@ async fn a_bad_schedule_is_refused_at_start_and_nothing_is_stored() {
         .schedule(every_second("bad-zone").time_zone("Mars/Olympus"))
         .schedule(every_second("twice"))
         .schedule(every_second("twice").on_missed(Missed::Skip))
-        .schedule(every_second("bound").on_missed(Missed::RunEach { max: 0 }));
+        .schedule(every_second("bound").on_missed(Missed::RunEach { max: 0 }))
+        .schedule(every_second("no-attempts").options(EnqueueOptions::group("g").max_attempts(0)));
     let err = pgfifo::runner::start(db.pool.clone(), config)
         .await
         .unwrap_err();
@@ -132,7 +133,12 @@ async fn a_bad_schedule_is_refused_at_start_and_nothing_is_stored() {
         panic!("expected InvalidSchedules, got {err}");
     };
     let named: Vec<&str> = problems.iter().map(|p| p.schedule.as_str()).collect();
-    assert_eq!(named, ["bad-cron", "bad-zone", "twice", "bound"], "{err}");
+    assert_eq!(
+        named,
+        ["bad-cron", "bad-zone", "twice", "bound", "no-attempts"],
+        "{err}"
+    );
+    assert!(message_has(&err, "max_attempts must be between 1"), "{err}");
     let message = err.to_string();
     assert!(
         message.contains("schedule \"bad-cron\": invalid cron expression"),
@@ -148,6 +154,10 @@ async fn a_bad_schedule_is_refused_at_start_and_nothing_is_stored() {
     );
     assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.schedule").await, 0);
     assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.runner").await, 0);
+}
+
+fn message_has(err: &Error, text: &str) -> bool {
+    err.to_string().contains(text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -222,7 +222,7 @@ async fn wait_until(at: f64) {
 async fn three_runners_fire_each_tick_of_ten_seconds_once() {
     let db = TestDb::new().await;
     let workers: Vec<Worker> = (0..3)
-        .map(|i| Worker::spawn(&db, &format!("runner-{i}"), "once", &[]))
+        .map(|i| Worker::spawn(&db, &format!("runner-{i}"), "each:100", &[]))
         .collect();
     let mut workers = workers;
     for w in &mut workers {

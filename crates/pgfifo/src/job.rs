@@ -90,6 +90,18 @@ pub(crate) fn check_registered<J: Job>() -> Result<()> {
     registration_of::<J>().map(|_| ())
 }
 
+/// Fails, as enqueueing a `J` with `options` would, when an option is out
+/// of range.
+pub(crate) fn check_options<J: Job>(options: &EnqueueOptions) -> Result<()> {
+    let defaults = KindDefaults {
+        kind: J::KIND,
+        queue: J::QUEUE,
+        max_attempts: J::MAX_ATTEMPTS,
+        priority: J::PRIORITY,
+    };
+    NewJob::build(defaults, serde_json::Value::Null, options.clone()).map(drop)
+}
+
 fn registration_of<J: Job>() -> Result<&'static crate::registry::Registration> {
     Registry::global()?
         .get(J::KIND)

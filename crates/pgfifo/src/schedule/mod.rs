@@ -148,6 +148,8 @@ pub struct Schedule {
     pub(crate) queue: &'static str,
     /// Checks that the job type is registered in this binary.
     pub(crate) registered: fn() -> Result<()>,
+    /// Checks the options as enqueueing a job of this type would.
+    pub(crate) check_options: fn(&EnqueueOptions) -> Result<()>,
     pub(crate) make: Arc<MakeJob>,
 }
 
@@ -182,6 +184,7 @@ impl Schedule {
             kind: J::KIND,
             queue: J::QUEUE,
             registered: crate::job::check_registered::<J>,
+            check_options: crate::job::check_options::<J>,
             make: Arc::new(move |tick: &Tick, options: EnqueueOptions| {
                 NewJob::new(&job(tick), options)
             }),

@@ -22,7 +22,6 @@ use chrono_tz::Tz;
 use croner::Cron;
 
 use super::{MakeJob, Missed, Schedule, Tick, MAX_CATCH_UP, MAX_SCHEDULE_NAME_LEN};
-use crate::names::{validate_group, validate_queue};
 use crate::{EnqueueOptions, NewJob, Result};
 
 /// At most this many due ticks are walked in one firing; a longer backlog
@@ -138,19 +137,15 @@ pub(crate) fn compile(schedule: &Schedule) -> std::result::Result<Compiled, Vec<
     if let Err(err) = (schedule.registered)() {
         problems.push(err.to_string());
     }
+    if let Err(err) = (schedule.check_options)(&schedule.options) {
+        problems.push(err.to_string());
+    }
     let queue = schedule
         .options
         .queue_name()
         .unwrap_or(schedule.queue)
         .to_owned();
-    if let Err(err) = validate_queue(&queue) {
-        problems.push(err.to_string());
-    }
-    if let Some(group) = schedule.options.group_name() {
-        if let Err(err) = validate_group(group) {
-            problems.push(err.to_string());
-        }
-    }
+    // (The options' queue and group names were checked with the options.)
     let Some((cron, zone)) = parsed.filter(|_| problems.is_empty()) else {
         return Err(problems);
     };

@@ -175,7 +175,21 @@ impl Scheduler {
                 continue;
             };
             let until_next = if next <= state.now_us {
-                match fire::fire(&mut conn, schedule, &self.runner).await? {
+                // One schedule's failure (its closure errs or panics, its
+                // job is refused) must not keep the others from firing.
+                let outcome = match fire::fire(&mut conn, schedule, &self.runner).await {
+                    Ok(outcome) => outcome,
+                    Err(err) => {
+                        tracing::warn!(
+                            schedule = %schedule.name,
+                            error = %err,
+                            "pgfifo: firing a schedule's tick failed; trying again in a second"
+                        );
+                        wait = wait.min(REFRESH);
+                        continue;
+                    }
+                };
+                match outcome {
                     Outcome::Fired {
                         through_us,
                         now_us,

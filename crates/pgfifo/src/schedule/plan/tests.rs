@@ -14,6 +14,7 @@ fn schedule(expression: &str, zone: &str, missed: Missed) -> Schedule {
         kind: "test_job",
         queue: "default",
         registered: || Ok(()),
+        check_options: |_| Ok(()),
         make: Arc::new(|_: &Tick, _: EnqueueOptions| unreachable!("no job is made here")),
     }
 }
