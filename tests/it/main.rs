@@ -34,6 +34,7 @@ mod wakeups;
 
 // Several OS processes on one database.
 mod multiprocess;
+mod pooler;
 mod schedules_multi;
 
 // Operating pgfifo.

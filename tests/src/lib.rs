@@ -13,6 +13,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo::{Job, JobId, Pool, RunnerConfig, RunnerHandle};
 
 pub mod faults;
+pub mod pgbouncer;
 pub mod query;
 pub mod records;
 pub mod release_0_1_0;

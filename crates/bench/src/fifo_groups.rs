@@ -1,6 +1,13 @@
 //! `fifo-groups`: enqueue JOBS round-robin over NGROUPS groups, drain them
 //! with WORKERS concurrent jobs, check every run, and measure the server's
 //! single-row UPDATE ceiling for comparison.
+//!
+//! `POOLER_URL` runs the runner through a transaction-mode pooler: its
+//! pool connects there (database `pgfifo_bench` behind it) with
+//! `ConnectOptions::transaction_pooler`, and LISTENs on a direct connection
+//! unless `POOLER_DIRECT=0`. Enqueue, checks and the ceiling stay direct.
+//! The WAL written per job (enqueue, and drain with completion) is read from
+//! `pg_current_wal_lsn()` around each phase.
 
 use std::time::{Duration, Instant};
 
@@ -24,22 +31,37 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let server = inputs.database_url();
     common::set_work_ms(work_ms);
 
-    let (pool, url) =
-        common::fresh_database(&server, "pgfifo_bench", workers as u32 * 2 + 4).await?;
+    let pool_size = workers as u32 * 2 + 4;
+    let (pool, url) = common::fresh_database(&server, "pgfifo_bench", pool_size).await?;
+    let pooler_url = inputs.string("POOLER_URL", "");
     progress!("enqueueing {jobs} jobs over {groups} groups");
+    let wal_start = wal_lsn(&pool).await?;
     let enqueue_secs = enqueue_round_robin(&pool, jobs, groups).await?;
+    let wal_enqueued = wal_lsn(&pool).await?;
     let enqueue_rate = jobs as f64 / enqueue_secs;
     progress!("enqueued in {enqueue_secs:.3}s ({enqueue_rate:.0} jobs/s); draining with {workers} workers");
 
     common::epoch();
     common::take_records();
-    let config = inputs.tune(
+    let mut config = inputs.tune(
         RunnerConfig::default()
             .queues(["bench"])
             .concurrency(workers as usize)
             .poll_interval(Duration::from_millis(200)),
     )?;
-    let runner = pgfifo::runner::start(pool.clone(), config)
+    let runner_pool = if pooler_url.is_empty() {
+        pool.clone()
+    } else {
+        if inputs.number("POOLER_DIRECT", 1)? == 1 {
+            config = config.direct_url(url.clone());
+        }
+        progress!("the runner goes through the transaction-mode pooler at {pooler_url}");
+        let options = pgfifo::ConnectOptions::new(pool_size).transaction_pooler(true);
+        pgfifo::connect_with(&pooler_url, options)
+            .await
+            .map_err(|e| format!("connect to the pooler: {e}"))?
+    };
+    let runner = pgfifo::runner::start(runner_pool, config)
         .await
         .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -53,6 +75,7 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     wait_all_committed(&pool, jobs).await?;
+    let wal_drained = wal_lsn(&pool).await?;
     runner.shutdown().await.map_err(|e| e.to_string())?;
     let records = common::take_records();
     let first = records.iter().map(|r| r.start_ns).min().unwrap_or(0);
@@ -101,7 +124,26 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         "order_violations": checked.order_violations,
         "overlaps": checked.overlaps,
         "peak_rss_mb": peak_rss_mb(),
+        "through_pooler": !pooler_url.is_empty(),
+        "wal_bytes_per_job_enqueue": ((wal_enqueued - wal_start) as f64 / jobs as f64).round(),
+        "wal_bytes_per_job_drain": ((wal_drained - wal_enqueued) as f64 / jobs as f64).round(),
     }))
+}
+
+#[derive(diesel::QueryableByName)]
+struct Lsn {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    bytes: i64,
+}
+
+/// The server's current WAL position, in bytes.
+async fn wal_lsn(pool: &pgfifo::Pool) -> Result<i64, String> {
+    let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let row: Lsn = diesel::sql_query("SELECT (pg_current_wal_lsn() - '0/0')::bigint AS bytes")
+        .get_result(&mut *conn)
+        .await
+        .map_err(|e| format!("read the WAL position: {e}"))?;
+    Ok(row.bytes)
 }
 
 /// The process's peak resident memory (VmHWM) in MiB: the runner, its 16

@@ -43,6 +43,12 @@ struct Cli {
     )]
     database_url: Option<String>,
 
+    /// The URL leads to a pooler in transaction mode (PgBouncer
+    /// `pool_mode = transaction`, a managed proxy): send every statement in
+    /// a transaction and keep no prepared statements (see docs/deploying.md).
+    #[arg(long, env = "PGFIFO_TRANSACTION_POOLER", global = true)]
+    transaction_pooler: bool,
+
     /// Print one JSON document on stdout instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -342,7 +348,7 @@ async fn run(cli: Cli) -> CliResult {
             )
         })?;
     let out = Output { json: cli.json };
-    let mut conn = commands::connect(&url).await?;
+    let mut conn = commands::connect(&url, cli.transaction_pooler).await?;
     let conn = &mut *conn;
     use commands::{inspect, migrate, ops, schedules, status};
     match cli.command {

@@ -63,7 +63,7 @@ pub mod schedule;
 
 pub use async_trait::async_trait;
 pub use context::JobContext;
-pub use db::{connect, Pool};
+pub use db::{connect, connect_with, ConnectOptions, Pool};
 /// The diesel version pgfifo is built on, for handlers that use the job's connection.
 pub use diesel;
 /// The diesel-async version pgfifo is built on (`AsyncPgConnection`, `RunQueryDsl`).

@@ -29,6 +29,7 @@
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use serde::Serialize;
 
+use crate::db::pooler::pinned;
 use crate::db::{self, Pool};
 use crate::{Error, Result};
 
@@ -293,31 +294,34 @@ pub async fn rollback(conn: &mut AsyncPgConnection, steps: usize) -> Result<Vec<
 /// Lists every known migration and whether it is applied, and whether the
 /// functions are this library's.
 pub async fn status(conn: &mut AsyncPgConnection) -> Result<SchemaStatus> {
-    let applied = db::migrate::applied(conn).await?.unwrap_or_default();
-    let mut migrations: Vec<MigrationStatus> = MIGRATIONS
-        .iter()
-        .map(|m| MigrationStatus {
-            version: m.version,
-            name: m.name.to_owned(),
-            release: Some(m.release.to_owned()),
-            applied: applied.iter().any(|a| a.version == m.version),
-        })
-        .collect();
-    for a in applied {
-        if release_of(a.version).is_none() {
-            migrations.push(MigrationStatus {
-                version: a.version,
-                name: a.name,
-                release: None,
-                applied: true,
-            });
+    pinned(conn, async |conn| {
+        let applied = db::migrate::applied(conn).await?.unwrap_or_default();
+        let mut migrations: Vec<MigrationStatus> = MIGRATIONS
+            .iter()
+            .map(|m| MigrationStatus {
+                version: m.version,
+                name: m.name.to_owned(),
+                release: Some(m.release.to_owned()),
+                applied: applied.iter().any(|a| a.version == m.version),
+            })
+            .collect();
+        for a in applied {
+            if release_of(a.version).is_none() {
+                migrations.push(MigrationStatus {
+                    version: a.version,
+                    name: a.name,
+                    release: None,
+                    applied: true,
+                });
+            }
         }
-    }
-    let functions = functions_status(conn).await?;
-    Ok(SchemaStatus {
-        migrations,
-        functions,
+        let functions = functions_status(conn).await?;
+        Ok(SchemaStatus {
+            migrations,
+            functions,
+        })
     })
+    .await
 }
 
 async fn functions_status(conn: &mut AsyncPgConnection) -> Result<FunctionsStatus> {
@@ -340,32 +344,37 @@ async fn functions_status(conn: &mut AsyncPgConnection) -> Result<FunctionsStatu
 /// newer, and its functions installed. Each error names the database's
 /// version, this library's, and what to run.
 pub async fn check_current(conn: &mut AsyncPgConnection) -> Result<()> {
-    let applied = db::migrate::applied(conn).await?.unwrap_or_default();
-    for row in &applied {
-        if let Some(m) = MIGRATIONS.iter().find(|m| m.version == row.version) {
-            if db::migrate::md5(conn, m.up).await? != row.checksum {
-                return Err(Error::SchemaMismatch(row.version));
+    pinned(conn, async |conn| {
+        let applied = db::migrate::applied(conn).await?.unwrap_or_default();
+        for row in &applied {
+            if let Some(m) = MIGRATIONS.iter().find(|m| m.version == row.version) {
+                if db::migrate::md5(conn, m.up).await? != row.checksum {
+                    return Err(Error::SchemaMismatch(row.version));
+                }
             }
         }
-    }
-    match applied.last().map(|a| a.version) {
-        Some(v) if v > latest_version() => return Err(Error::SchemaTooNew(v)),
-        Some(v) if v == latest_version() => {}
-        found => {
-            return Err(Error::SchemaOutdated {
-                found,
-                needed: latest_version(),
-            })
+        match applied.last().map(|a| a.version) {
+            Some(v) if v > latest_version() => return Err(Error::SchemaTooNew(v)),
+            Some(v) if v == latest_version() => {}
+            found => {
+                return Err(Error::SchemaOutdated {
+                    found,
+                    needed: latest_version(),
+                })
+            }
         }
-    }
-    match functions_status(conn).await? {
-        FunctionsStatus::Current => Ok(()),
-        FunctionsStatus::Different { installed_by } => Err(Error::FunctionsDiffer { installed_by }),
-        FunctionsStatus::Unrecorded => Err(Error::SchemaOutdated {
-            found: applied.last().map(|a| a.version),
-            needed: latest_version(),
-        }),
-    }
+        match functions_status(conn).await? {
+            FunctionsStatus::Current => Ok(()),
+            FunctionsStatus::Different { installed_by } => {
+                Err(Error::FunctionsDiffer { installed_by })
+            }
+            FunctionsStatus::Unrecorded => Err(Error::SchemaOutdated {
+                found: applied.last().map(|a| a.version),
+                needed: latest_version(),
+            }),
+        }
+    })
+    .await
 }
 
 #[cfg(test)]

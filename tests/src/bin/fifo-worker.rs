@@ -6,6 +6,9 @@
 //! * `RECORDS_FILE`: the file each handler run is appended to, one line per
 //!   run, committed or not (see `pgfifo_tests::records::Run`);
 //! * `CONCURRENCY`: jobs run at once (default 8);
+//! * `TRANSACTION_POOLER=1`: `DATABASE_URL` leads to a transaction-mode
+//!   pooler (`ConnectOptions::transaction_pooler`);
+//! * `DIRECT_URL`: `RunnerConfig::direct_url`, when set;
 //! * `EXIT_WITH_STDIN=1`: exit as soon as stdin closes, so that a worker never
 //!   outlives a test process that died without cleaning up.
 //!
@@ -100,11 +103,20 @@ async fn run() -> Result<(), String> {
         .set(Mutex::new(worker::open_records(&path)?))
         .expect("set once");
 
-    // One connection per running job, plus the runner's LISTEN and
-    // bookkeeping connections, plus one spare.
-    let pool_size = u32::try_from(concurrency + 3).map_err(|e| e.to_string())?;
-    let pool = worker::connect(&url, pool_size).await?;
-    worker::run_until_signal(pool, worker::base_config(["mp"], concurrency)).await?;
+    // As the runner asks: one connection per lane (concurrency + the
+    // default prefetch of concurrency / 2) and four of its own.
+    let pool_size =
+        u32::try_from(concurrency + (concurrency / 2).max(1) + 4).map_err(|e| e.to_string())?;
+    let options = pgfifo::ConnectOptions::new(pool_size)
+        .transaction_pooler(std::env::var("TRANSACTION_POOLER").as_deref() == Ok("1"));
+    let pool = pgfifo::connect_with(&url, options)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut config = worker::base_config(["mp"], concurrency);
+    if let Ok(direct) = std::env::var("DIRECT_URL") {
+        config = config.direct_url(direct);
+    }
+    worker::run_until_signal(pool, config).await?;
 
     let file = RECORDS
         .get()

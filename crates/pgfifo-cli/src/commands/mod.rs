@@ -12,21 +12,25 @@ use pgfifo::db::PooledConnection;
 use crate::error::{CliError, CliResult};
 
 /// Opens the one connection a command uses, with `pgfifo::connect`'s
-/// connect timeout and keepalives. A database that cannot be reached is an
-/// operational failure (exit code 1); the message names the server and
-/// database (never the password).
-pub async fn connect(url: &str) -> CliResult<PooledConnection> {
+/// connect timeout and keepalives (or, through a transaction-mode pooler,
+/// prepared for it). A database that cannot be reached is an operational
+/// failure (exit code 1); the message names the server and database (never
+/// the password).
+pub async fn connect(url: &str, transaction_pooler: bool) -> CliResult<PooledConnection> {
     let unreachable = |detail: String| {
         let target = server_of(url).map_or_else(String::new, |t| format!(" at {t}"));
         CliError::failure(format!("cannot connect to the database{target}: {detail}"))
     };
-    let pool = pgfifo::connect(url, 1).await.map_err(|err| match err {
-        pgfifo::Error::Connection(inner) => unreachable(inner.to_string()),
-        err @ (pgfifo::Error::ConnectTimeout(_) | pgfifo::Error::Pool(_)) => {
-            unreachable(err.to_string())
-        }
-        other => other.into(),
-    })?;
+    let options = pgfifo::ConnectOptions::new(1).transaction_pooler(transaction_pooler);
+    let pool = pgfifo::connect_with(url, options)
+        .await
+        .map_err(|err| match err {
+            pgfifo::Error::Connection(inner) => unreachable(inner.to_string()),
+            err @ (pgfifo::Error::ConnectTimeout(_) | pgfifo::Error::Pool(_)) => {
+                unreachable(err.to_string())
+            }
+            other => other.into(),
+        })?;
     pool.get_owned()
         .await
         .map_err(|err| unreachable(err.to_string()))

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::time::{age_from_micros, from_micros, ser_opt_secs, ser_opt_time};
 use crate::db;
 use crate::db::admin::inspect::GroupRow;
+use crate::db::pooler::pinned;
 use crate::names::validate_queue;
 use crate::{Error, JobId, Result};
 
@@ -104,39 +105,42 @@ pub async fn groups(
     queue: &str,
     query: &GroupQuery,
 ) -> Result<Vec<GroupInfo>> {
-    validate_queue(queue)?;
-    let limit = query.limit.unwrap_or(50);
-    if limit < 1 {
-        return Err(Error::InvalidArgument(format!(
-            "limit must be at least 1 (got {limit})"
-        )));
-    }
-    let rows = db::admin::inspect::groups(
-        conn,
-        queue,
-        query.after.as_deref(),
-        query.blocked_only,
-        limit,
-    )
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| {
-            let state = state_of(&row);
-            GroupInfo {
-                waiting_until: matches!(state, GroupState::Retrying | GroupState::Scheduled)
-                    .then(|| row.ready_at_us.map(from_micros))
-                    .flatten(),
-                head_error: matches!(state, GroupState::Retrying | GroupState::Held)
-                    .then(|| row.head_error.clone())
-                    .flatten(),
-                head: row.head_id.filter(|_| row.head_state.is_some()),
-                head_age: row.head_age_us.map(age_from_micros),
-                paused_at: row.paused_at_us.map(from_micros),
-                backlog: row.backlog,
-                group: row.group_id,
-                state,
-            }
-        })
-        .collect())
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        let limit = query.limit.unwrap_or(50);
+        if limit < 1 {
+            return Err(Error::InvalidArgument(format!(
+                "limit must be at least 1 (got {limit})"
+            )));
+        }
+        let rows = db::admin::inspect::groups(
+            conn,
+            queue,
+            query.after.as_deref(),
+            query.blocked_only,
+            limit,
+        )
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let state = state_of(&row);
+                GroupInfo {
+                    waiting_until: matches!(state, GroupState::Retrying | GroupState::Scheduled)
+                        .then(|| row.ready_at_us.map(from_micros))
+                        .flatten(),
+                    head_error: matches!(state, GroupState::Retrying | GroupState::Held)
+                        .then(|| row.head_error.clone())
+                        .flatten(),
+                    head: row.head_id.filter(|_| row.head_state.is_some()),
+                    head_age: row.head_age_us.map(age_from_micros),
+                    paused_at: row.paused_at_us.map(from_micros),
+                    backlog: row.backlog,
+                    group: row.group_id,
+                    state,
+                }
+            })
+            .collect())
+    })
+    .await
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::time::{from_micros, ser_opt_time, ser_time};
 use crate::db;
 use crate::db::admin::inspect::{JobFilter, JobRow};
+use crate::db::pooler::pinned;
 use crate::names::{validate_group, validate_queue};
 use crate::{Error, JobId, Result};
 
@@ -187,58 +188,64 @@ impl From<JobRow> for JobSummary {
 /// table's indexes: by queue and group for unfinished and failed jobs, by id
 /// otherwise.
 pub async fn jobs(conn: &mut AsyncPgConnection, query: &JobQuery) -> Result<Vec<JobSummary>> {
-    if let Some(queue) = &query.queue {
-        validate_queue(queue)?;
-    }
-    if let Some(group) = &query.group {
-        validate_group(group)?;
-        if query.queue.is_none() {
-            return Err(Error::InvalidArgument(
-                "a group is named within a queue: give the queue too".into(),
-            ));
+    pinned(conn, async |conn| {
+        if let Some(queue) = &query.queue {
+            validate_queue(queue)?;
         }
-    }
-    let limit = query.limit.unwrap_or(50);
-    if limit < 1 {
-        return Err(Error::InvalidArgument(format!(
-            "limit must be at least 1 (got {limit})"
-        )));
-    }
-    let filter = JobFilter {
-        queue: query.queue.as_deref(),
-        group: query.group.as_deref(),
-        state: query.state.map(JobStateFilter::as_str),
-        after: query.after,
-        limit,
-    };
-    let rows = db::admin::inspect::jobs(conn, filter, query.oldest_first).await?;
-    Ok(rows.into_iter().map(JobSummary::from).collect())
+        if let Some(group) = &query.group {
+            validate_group(group)?;
+            if query.queue.is_none() {
+                return Err(Error::InvalidArgument(
+                    "a group is named within a queue: give the queue too".into(),
+                ));
+            }
+        }
+        let limit = query.limit.unwrap_or(50);
+        if limit < 1 {
+            return Err(Error::InvalidArgument(format!(
+                "limit must be at least 1 (got {limit})"
+            )));
+        }
+        let filter = JobFilter {
+            queue: query.queue.as_deref(),
+            group: query.group.as_deref(),
+            state: query.state.map(JobStateFilter::as_str),
+            after: query.after,
+            limit,
+        };
+        let rows = db::admin::inspect::jobs(conn, filter, query.oldest_first).await?;
+        Ok(rows.into_iter().map(JobSummary::from).collect())
+    })
+    .await
 }
 
 /// Everything stored about one job, with its attempts. `None` if no job has
 /// this id.
 pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDetail>> {
-    let Some(row) = db::admin::inspect::job(conn, id).await? else {
-        return Ok(None);
-    };
-    let attempt_log = db::admin::inspect::attempts(conn, id)
-        .await?
-        .into_iter()
-        .map(|a| AttemptInfo {
-            attempt: a.attempt,
-            runner: a.runner,
-            started_at: from_micros(a.started_us),
-            finished_at: a.finished_us.map(from_micros),
-            error: a.error,
-        })
-        .collect();
-    Ok(Some(JobDetail {
-        summary: row.job.into(),
-        payload: row.payload,
-        result: row.result,
-        priority: row.priority,
-        unique_key: row.unique_key,
-        is_head: row.is_head,
-        attempt_log,
-    }))
+    pinned(conn, async |conn| {
+        let Some(row) = db::admin::inspect::job(conn, id).await? else {
+            return Ok(None);
+        };
+        let attempt_log = db::admin::inspect::attempts(conn, id)
+            .await?
+            .into_iter()
+            .map(|a| AttemptInfo {
+                attempt: a.attempt,
+                runner: a.runner,
+                started_at: from_micros(a.started_us),
+                finished_at: a.finished_us.map(from_micros),
+                error: a.error,
+            })
+            .collect();
+        Ok(Some(JobDetail {
+            summary: row.job.into(),
+            payload: row.payload,
+            result: row.result,
+            priority: row.priority,
+            unique_key: row.unique_key,
+            is_head: row.is_head,
+            attempt_log,
+        }))
+    })
+    .await
 }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::db;
 use crate::db::admin::ops::RetryRow;
 use crate::db::error::{refusal, Refusal};
+use crate::db::pooler::pinned;
 use crate::names::{validate_group, validate_queue};
 use crate::{Error, JobId, Result};
 
@@ -101,7 +102,10 @@ fn retry_report(rows: Vec<RetryRow>) -> Vec<Retried> {
 /// Returns one line per distinct id, in id order; ids that were not failed
 /// are reported and left alone.
 pub async fn retry_jobs(conn: &mut AsyncPgConnection, ids: &[JobId]) -> Result<Vec<Retried>> {
-    Ok(retry_report(db::admin::ops::retry_jobs(conn, ids).await?))
+    pinned(conn, async |conn| {
+        Ok(retry_report(db::admin::ops::retry_jobs(conn, ids).await?))
+    })
+    .await
 }
 
 /// Retries every failed job of `queue` (of one group if `group` is given),
@@ -111,13 +115,16 @@ pub async fn retry_failed(
     queue: &str,
     group: Option<&str>,
 ) -> Result<Vec<Retried>> {
-    validate_queue(queue)?;
-    if let Some(group) = group {
-        validate_group(group)?;
-    }
-    Ok(retry_report(
-        db::admin::ops::retry_failed(conn, queue, group).await?,
-    ))
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        if let Some(group) = group {
+            validate_group(group)?;
+        }
+        Ok(retry_report(
+            db::admin::ops::retry_failed(conn, queue, group).await?,
+        ))
+    })
+    .await
 }
 
 /// Cancels a job that has not run to an outcome yet (waiting, scheduled, or
@@ -131,19 +138,22 @@ pub async fn cancel_job(
     id: JobId,
     reason: Option<&str>,
 ) -> Result<()> {
-    match db::admin::ops::cancel_job(conn, id, reason).await?.as_str() {
-        "cancelled" => Ok(()),
-        "missing" => Err(Error::JobNotFound(id)),
-        "running" => Err(Error::JobRunning(id)),
-        _ => match db::admin::ops::job_state(conn, id).await? {
-            Some(state) => Err(Error::JobState {
-                id,
-                state,
-                needed: "only a job that has not finished can be cancelled".into(),
-            }),
-            None => Err(Error::JobNotFound(id)),
-        },
-    }
+    pinned(conn, async |conn| {
+        match db::admin::ops::cancel_job(conn, id, reason).await?.as_str() {
+            "cancelled" => Ok(()),
+            "missing" => Err(Error::JobNotFound(id)),
+            "running" => Err(Error::JobRunning(id)),
+            _ => match db::admin::ops::job_state(conn, id).await? {
+                Some(state) => Err(Error::JobState {
+                    id,
+                    state,
+                    needed: "only a job that has not finished can be cancelled".into(),
+                }),
+                None => Err(Error::JobNotFound(id)),
+            },
+        }
+    })
+    .await
 }
 
 /// Marks the head of a group failed (a held head is failed already), with
@@ -159,45 +169,60 @@ pub async fn skip_head(
     group: &str,
     reason: Option<&str>,
 ) -> Result<Option<JobId>> {
-    validate_queue(queue)?;
-    validate_group(group)?;
-    match db::admin::ops::skip_head(conn, queue, group, reason).await {
-        Ok(skipped) => Ok(skipped),
-        Err(err) if refusal(&err) == Some(Refusal::GroupBusy) => Err(Error::GroupBusy {
-            queue: queue.into(),
-            group: group.into(),
-        }),
-        Err(err) => Err(err.into()),
-    }
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        validate_group(group)?;
+        match db::admin::ops::skip_head(conn, queue, group, reason).await {
+            Ok(skipped) => Ok(skipped),
+            Err(err) if refusal(&err) == Some(Refusal::GroupBusy) => Err(Error::GroupBusy {
+                queue: queue.into(),
+                group: group.into(),
+            }),
+            Err(err) => Err(err.into()),
+        }
+    })
+    .await
 }
 
 /// Pauses one group: no job of it starts until [`resume_group`]. A job of
 /// it that is running now finishes normally; the group's jobs stay queued and
 /// new ones are accepted. Returns `false` if it was paused already.
 pub async fn pause_group(conn: &mut AsyncPgConnection, queue: &str, group: &str) -> Result<bool> {
-    validate_queue(queue)?;
-    validate_group(group)?;
-    Ok(db::admin::ops::pause_group(conn, queue, group).await?)
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        validate_group(group)?;
+        Ok(db::admin::ops::pause_group(conn, queue, group).await?)
+    })
+    .await
 }
 
 /// Resumes a paused group: its oldest queued job runs next. Returns `false`
 /// if it was not paused.
 pub async fn resume_group(conn: &mut AsyncPgConnection, queue: &str, group: &str) -> Result<bool> {
-    validate_queue(queue)?;
-    validate_group(group)?;
-    Ok(db::admin::ops::resume_group(conn, queue, group).await?)
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        validate_group(group)?;
+        Ok(db::admin::ops::resume_group(conn, queue, group).await?)
+    })
+    .await
 }
 
 /// Pauses a whole queue: no job of it starts until [`resume_queue`]; jobs
 /// running now finish, new jobs are accepted. Returns `false` if it was
 /// paused already.
 pub async fn pause_queue(conn: &mut AsyncPgConnection, queue: &str) -> Result<bool> {
-    Ok(!set_queue_paused(conn, queue, true).await?)
+    pinned(conn, async |conn| {
+        Ok(!set_queue_paused(conn, queue, true).await?)
+    })
+    .await
 }
 
 /// Resumes a paused queue. Returns `false` if it was not paused.
 pub async fn resume_queue(conn: &mut AsyncPgConnection, queue: &str) -> Result<bool> {
-    set_queue_paused(conn, queue, false).await
+    pinned(conn, async |conn| {
+        set_queue_paused(conn, queue, false).await
+    })
+    .await
 }
 
 /// Sets the paused flag; returns the previous one.
@@ -215,9 +240,12 @@ pub async fn set_failure_policy(
     queue: &str,
     policy: FailurePolicy,
 ) -> Result<u64> {
-    validate_queue(queue)?;
-    let released = db::admin::ops::set_failure_policy(conn, queue, policy.as_str()).await?;
-    Ok(released.unsigned_abs())
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        let released = db::admin::ops::set_failure_policy(conn, queue, policy.as_str()).await?;
+        Ok(released.unsigned_abs())
+    })
+    .await
 }
 
 /// The final states [`purge`] may delete.
@@ -295,19 +323,22 @@ pub async fn purge_batch(
     after_id: JobId,
     batch: i32,
 ) -> Result<PurgeBatch> {
-    if batch < 1 {
-        return Err(Error::InvalidArgument(format!(
-            "purge batch size must be at least 1 (got {batch})"
-        )));
-    }
-    let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-    let row = db::admin::ops::purge_batch(conn, older_than, &states, after_id, batch).await?;
-    Ok(PurgeBatch {
-        deleted: row.deleted.unsigned_abs(),
-        last_id: row.last_id,
-        done: row.done,
-        first_pending: row.first_pending,
+    pinned(conn, async |conn| {
+        if batch < 1 {
+            return Err(Error::InvalidArgument(format!(
+                "purge batch size must be at least 1 (got {batch})"
+            )));
+        }
+        let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        let row = db::admin::ops::purge_batch(conn, older_than, &states, after_id, batch).await?;
+        Ok(PurgeBatch {
+            deleted: row.deleted.unsigned_abs(),
+            last_id: row.last_id,
+            done: row.done,
+            first_pending: row.first_pending,
+        })
     })
+    .await
 }
 
 /// Deletes jobs in `states` that finished more than `older_than` ago, with
@@ -318,16 +349,19 @@ pub async fn purge(
     older_than: Duration,
     states: &[FinishedState],
 ) -> Result<u64> {
-    let mut total = 0;
-    let mut after = 0;
-    loop {
-        let batch = purge_batch(conn, older_than, states, after, PURGE_BATCH).await?;
-        total += batch.deleted;
-        after = batch.last_id;
-        if batch.done {
-            return Ok(total);
+    pinned(conn, async |conn| {
+        let mut total = 0;
+        let mut after = 0;
+        loop {
+            let batch = purge_batch(conn, older_than, states, after, PURGE_BATCH).await?;
+            total += batch.deleted;
+            after = batch.last_id;
+            if batch.done {
+                return Ok(total);
+            }
         }
-    }
+    })
+    .await
 }
 
 /// Deletes up to `limit` `queue_group` rows idle for more than `idle_for`
@@ -337,6 +371,9 @@ pub async fn clean_groups(
     idle_for: Duration,
     limit: i32,
 ) -> Result<u64> {
-    let cleaned = db::admin::ops::clean_groups(conn, idle_for, limit).await?;
-    Ok(cleaned.unsigned_abs())
+    pinned(conn, async |conn| {
+        let cleaned = db::admin::ops::clean_groups(conn, idle_for, limit).await?;
+        Ok(cleaned.unsigned_abs())
+    })
+    .await
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::status::RUNNER_ALIVE;
 use super::time::{from_micros, ser_opt_time, ser_time};
 use crate::db;
+use crate::db::pooler::pinned;
 use crate::db::schedule::ScheduleRow;
 use crate::schedule::{next_tick, parse};
 use crate::{Error, JobId, Result};
@@ -96,17 +97,23 @@ impl ScheduleInfo {
 
 /// Every stored schedule, by name.
 pub async fn schedules(conn: &mut AsyncPgConnection) -> Result<Vec<ScheduleInfo>> {
-    let rows = db::schedule::list(conn, None, RUNNER_ALIVE).await?;
-    Ok(rows.into_iter().map(ScheduleInfo::from_row).collect())
+    pinned(conn, async |conn| {
+        let rows = db::schedule::list(conn, None, RUNNER_ALIVE).await?;
+        Ok(rows.into_iter().map(ScheduleInfo::from_row).collect())
+    })
+    .await
 }
 
 /// The schedule named `name`.
 pub async fn schedule(conn: &mut AsyncPgConnection, name: &str) -> Result<ScheduleInfo> {
-    let rows = db::schedule::list(conn, Some(name), RUNNER_ALIVE).await?;
-    rows.into_iter()
-        .next()
-        .map(ScheduleInfo::from_row)
-        .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
+    pinned(conn, async |conn| {
+        let rows = db::schedule::list(conn, Some(name), RUNNER_ALIVE).await?;
+        rows.into_iter()
+            .next()
+            .map(ScheduleInfo::from_row)
+            .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
+    })
+    .await
 }
 
 /// One fired tick of a schedule (see [`schedule_ticks`]).
@@ -133,51 +140,63 @@ pub async fn schedule_ticks(
     name: &str,
     limit: u32,
 ) -> Result<Vec<TickInfo>> {
-    let rows = db::schedule::recent_ticks(conn, name, i64::from(limit)).await?;
-    if rows.is_empty() {
-        // Tell a schedule without ticks from no schedule.
-        schedule(conn, name).await?;
-    }
-    Ok(rows
-        .into_iter()
-        .map(|r| TickInfo {
-            tick: from_micros(r.tick_us),
-            job: r.job_id,
-            fired_at: from_micros(r.fired_at_us),
-            fired_by: r.fired_by,
-            missed: r.missed,
-        })
-        .collect())
+    pinned(conn, async |conn| {
+        let rows = db::schedule::recent_ticks(conn, name, i64::from(limit)).await?;
+        if rows.is_empty() {
+            // Tell a schedule without ticks from no schedule.
+            schedule(conn, name).await?;
+        }
+        Ok(rows
+            .into_iter()
+            .map(|r| TickInfo {
+                tick: from_micros(r.tick_us),
+                job: r.job_id,
+                fired_at: from_micros(r.fired_at_us),
+                fired_by: r.fired_by,
+                missed: r.missed,
+            })
+            .collect())
+    })
+    .await
 }
 
 /// Pauses schedule `name`: its ticks pass without jobs until
 /// [`resume_schedule`]. Returns whether it was running (`false`: already
 /// paused). The pause is stored, so it outlives restarts and deploys.
 pub async fn pause_schedule(conn: &mut AsyncPgConnection, name: &str) -> Result<bool> {
-    db::schedule::set_paused(conn, name, true)
-        .await?
-        .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
+    pinned(conn, async |conn| {
+        db::schedule::set_paused(conn, name, true)
+            .await?
+            .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
+    })
+    .await
 }
 
 /// Resumes schedule `name`: it fires again from its next tick on. The ticks
 /// that passed while it was paused are skipped, whatever its missed-tick
 /// policy. Returns whether it was paused.
 pub async fn resume_schedule(conn: &mut AsyncPgConnection, name: &str) -> Result<bool> {
-    db::schedule::set_paused(conn, name, false)
-        .await?
-        .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
+    pinned(conn, async |conn| {
+        db::schedule::set_paused(conn, name, false)
+            .await?
+            .ok_or_else(|| Error::ScheduleNotFound(name.to_owned()))
+    })
+    .await
 }
 
 /// Deletes a stale schedule (and its tick history; the jobs it enqueued
 /// stay). Fails with [`Error::ScheduleDeclared`] while a live runner
 /// declares it: a runner would store it again.
 pub async fn delete_schedule(conn: &mut AsyncPgConnection, name: &str) -> Result<()> {
-    match db::schedule::delete(conn, name, RUNNER_ALIVE).await? {
-        None => Err(Error::ScheduleNotFound(name.to_owned())),
-        Some(runners) if runners.is_empty() => Ok(()),
-        Some(runners) => Err(Error::ScheduleDeclared {
-            name: name.to_owned(),
-            runners,
-        }),
-    }
+    pinned(conn, async |conn| {
+        match db::schedule::delete(conn, name, RUNNER_ALIVE).await? {
+            None => Err(Error::ScheduleNotFound(name.to_owned())),
+            Some(runners) if runners.is_empty() => Ok(()),
+            Some(runners) => Err(Error::ScheduleDeclared {
+                name: name.to_owned(),
+                runners,
+            }),
+        }
+    })
+    .await
 }

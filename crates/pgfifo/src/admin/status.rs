@@ -17,6 +17,7 @@ use super::ops::FailurePolicy;
 use super::time::{age_from_micros, ser_opt_secs};
 use crate::db;
 use crate::db::admin::status::BlockedRow;
+use crate::db::pooler::pinned;
 use crate::names::validate_queue;
 use crate::Result;
 
@@ -122,7 +123,10 @@ pub struct QueueStatus {
 /// to activate them), unfinished ungrouped or failed jobs, a setting, or a
 /// live runner.
 pub async fn queues(conn: &mut AsyncPgConnection) -> Result<Vec<String>> {
-    Ok(db::admin::status::queues(conn, RUNNER_ALIVE).await?)
+    pinned(conn, async |conn| {
+        Ok(db::admin::status::queues(conn, RUNNER_ALIVE).await?)
+    })
+    .await
 }
 
 /// A count capped at [`COUNT_CAP`]: exact below it, the estimate above.
@@ -155,44 +159,48 @@ pub async fn queue_status(
     queue: &str,
     top: usize,
 ) -> Result<QueueStatus> {
-    validate_queue(queue)?;
-    let (small, unfinished) =
-        db::admin::status::queue_figures(conn, queue, COUNT_CAP, top as i64, RUNNER_ALIVE).await?;
-    let total = capped(
-        if unfinished.capped {
-            COUNT_CAP
-        } else {
-            unfinished.total
-        },
-        small.queued_est,
-    );
-    let retrying = capped(small.retrying, None);
-    let waiting = (total.value - small.running - retrying.value).max(0);
-    let largest_backlogs = match unfinished.top {
-        Some(top) => serde_json::from_value(top).map_err(|err| {
-            crate::Error::InvalidArgument(format!("unexpected backlog summary: {err}"))
-        })?,
-        None => Vec::new(),
-    };
-    Ok(QueueStatus {
-        queue: queue.to_owned(),
-        paused: small.paused,
-        failure_policy: small.policy.parse().unwrap_or_default(),
-        queued: Count {
-            value: waiting,
-            exact: total.exact,
-        },
-        running: small.running,
-        retrying,
-        failed: capped(small.failed, small.failed_est),
-        succeeded: small.succeeded_est.map(estimate),
-        cancelled: small.cancelled_est.map(estimate),
-        oldest_queued_age: unfinished.oldest_age_us.map(age_from_micros),
-        blocked_groups: small.blocked.into(),
-        largest_backlogs,
-        largest_backlogs_exact: !unfinished.capped,
-        runners: small.runners,
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        let (small, unfinished) =
+            db::admin::status::queue_figures(conn, queue, COUNT_CAP, top as i64, RUNNER_ALIVE)
+                .await?;
+        let total = capped(
+            if unfinished.capped {
+                COUNT_CAP
+            } else {
+                unfinished.total
+            },
+            small.queued_est,
+        );
+        let retrying = capped(small.retrying, None);
+        let waiting = (total.value - small.running - retrying.value).max(0);
+        let largest_backlogs = match unfinished.top {
+            Some(top) => serde_json::from_value(top).map_err(|err| {
+                crate::Error::InvalidArgument(format!("unexpected backlog summary: {err}"))
+            })?,
+            None => Vec::new(),
+        };
+        Ok(QueueStatus {
+            queue: queue.to_owned(),
+            paused: small.paused,
+            failure_policy: small.policy.parse().unwrap_or_default(),
+            queued: Count {
+                value: waiting,
+                exact: total.exact,
+            },
+            running: small.running,
+            retrying,
+            failed: capped(small.failed, small.failed_est),
+            succeeded: small.succeeded_est.map(estimate),
+            cancelled: small.cancelled_est.map(estimate),
+            oldest_queued_age: unfinished.oldest_age_us.map(age_from_micros),
+            blocked_groups: small.blocked.into(),
+            largest_backlogs,
+            largest_backlogs_exact: !unfinished.capped,
+            runners: small.runners,
+        })
     })
+    .await
 }
 
 /// The status of every known queue ([`queues`]), or of `only` these.
@@ -201,15 +209,18 @@ pub async fn status(
     only: Option<&[String]>,
     top: usize,
 ) -> Result<Vec<QueueStatus>> {
-    let names = match only {
-        Some(names) => names.to_vec(),
-        None => queues(conn).await?,
-    };
-    let mut out = Vec::with_capacity(names.len());
-    for name in &names {
-        out.push(queue_status(conn, name, top).await?);
-    }
-    Ok(out)
+    pinned(conn, async |conn| {
+        let names = match only {
+            Some(names) => names.to_vec(),
+            None => queues(conn).await?,
+        };
+        let mut out = Vec::with_capacity(names.len());
+        for name in &names {
+            out.push(queue_status(conn, name, top).await?);
+        }
+        Ok(out)
+    })
+    .await
 }
 
 /// What the runner samples for its gauges, per queue.
@@ -228,15 +239,18 @@ pub struct QueueGauges {
 
 /// Samples the gauges of `queues`: one cheap statement per queue.
 pub async fn gauges(conn: &mut AsyncPgConnection, queues: &[String]) -> Result<Vec<QueueGauges>> {
-    let mut out = Vec::with_capacity(queues.len());
-    for queue in queues {
-        let row = db::admin::status::gauges(conn, queue, COUNT_CAP).await?;
-        out.push(QueueGauges {
-            queue: queue.clone(),
-            depth: row.depth,
-            oldest_head_age: row.lag_us.map(age_from_micros),
-            blocked_groups: BlockedGroups::from(row.blocked).total(),
-        });
-    }
-    Ok(out)
+    pinned(conn, async |conn| {
+        let mut out = Vec::with_capacity(queues.len());
+        for queue in queues {
+            let row = db::admin::status::gauges(conn, queue, COUNT_CAP).await?;
+            out.push(QueueGauges {
+                queue: queue.clone(),
+                depth: row.depth,
+                oldest_head_age: row.lag_us.map(age_from_micros),
+                blocked_groups: BlockedGroups::from(row.blocked).total(),
+            });
+        }
+        Ok(out)
+    })
+    .await
 }

@@ -4,6 +4,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Nullable, SmallInt, Text}
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
+use super::pooler::pinned;
 use super::statement::{bind, cached};
 use crate::JobId;
 
@@ -30,7 +31,8 @@ struct IdsRow {
 const ENQUEUE: &str = "SELECT pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS ids";
 
 /// Inserts a batch of jobs in one round trip; returns their ids in input
-/// order. Runs in the caller's transaction, if one is open.
+/// order. Runs in the caller's transaction, if one is open (through a
+/// transaction-mode pooler, in one of its own otherwise).
 pub(crate) async fn enqueue(
     conn: &mut AsyncPgConnection,
     jobs: EnqueueArrays,
@@ -41,7 +43,7 @@ pub(crate) async fn enqueue(
         .iter()
         .any(Option::is_some)
         .then_some(jobs.unique_key);
-    let row: IdsRow = cached(
+    let statement = cached(
         ENQUEUE,
         (
             bind::<Array<Text>, _>(jobs.queue),
@@ -54,8 +56,7 @@ pub(crate) async fn enqueue(
             bind::<Array<Nullable<BigInt>>, _>(jobs.run_at_us),
             bind::<Array<Nullable<BigInt>>, _>(jobs.delay_us),
         ),
-    )
-    .get_result(conn)
-    .await?;
+    );
+    let row: IdsRow = pinned(conn, async |conn| statement.get_result(conn).await).await?;
     Ok(row.ids)
 }

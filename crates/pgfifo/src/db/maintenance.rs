@@ -8,6 +8,8 @@ use diesel::sql_types::{Array, BigInt, Bool, Double, Jsonb, Nullable, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
+use super::pooler::pinned;
+
 /// What one heartbeat learnt.
 #[derive(QueryableByName, Debug)]
 pub(crate) struct Beat {
@@ -39,27 +41,30 @@ pub(crate) async fn beat(
     conn: &mut AsyncPgConnection,
     row: RunnerRow<'_>,
 ) -> diesel::QueryResult<Beat> {
-    // The CTE reads the row as it was before this statement's upsert.
-    diesel::sql_query(
-        "WITH previous AS (SELECT r.heartbeat_at FROM pgfifo.runner AS r WHERE r.name = $1)
-         INSERT INTO pgfifo.runner AS r (name, started_at, heartbeat_at, queues, running, release,
-                                         schedules)
-         VALUES ($1, now(), now(), $2, $3, $5, $6)
-         ON CONFLICT (name) DO UPDATE
-         SET started_at = CASE WHEN $4 THEN now() ELSE r.started_at END,
-             heartbeat_at = now(), queues = EXCLUDED.queues, running = EXCLUDED.running,
-             release = EXCLUDED.release, schedules = EXCLUDED.schedules
-         RETURNING (SELECT extract(epoch FROM now() - p.heartbeat_at)::float8
-                    FROM previous AS p) AS previous_age_s,
-                   (SELECT max(m.version) FROM pgfifo.schema_migrations AS m) AS schema_version",
-    )
-    .bind::<Text, _>(row.name)
-    .bind::<Array<Text>, _>(row.queues)
-    .bind::<Jsonb, _>(row.running)
-    .bind::<Bool, _>(row.starting)
-    .bind::<Text, _>(row.release)
-    .bind::<Jsonb, _>(row.schedules)
-    .get_result(conn)
+    pinned(conn, async |conn| {
+        // The CTE reads the row as it was before this statement's upsert.
+        diesel::sql_query(
+            "WITH previous AS (SELECT r.heartbeat_at FROM pgfifo.runner AS r WHERE r.name = $1)
+             INSERT INTO pgfifo.runner AS r (name, started_at, heartbeat_at, queues, running, release,
+                                             schedules)
+             VALUES ($1, now(), now(), $2, $3, $5, $6)
+             ON CONFLICT (name) DO UPDATE
+             SET started_at = CASE WHEN $4 THEN now() ELSE r.started_at END,
+                 heartbeat_at = now(), queues = EXCLUDED.queues, running = EXCLUDED.running,
+                 release = EXCLUDED.release, schedules = EXCLUDED.schedules
+             RETURNING (SELECT extract(epoch FROM now() - p.heartbeat_at)::float8
+                        FROM previous AS p) AS previous_age_s,
+                       (SELECT max(m.version) FROM pgfifo.schema_migrations AS m) AS schema_version",
+        )
+        .bind::<Text, _>(row.name)
+        .bind::<Array<Text>, _>(row.queues)
+        .bind::<Jsonb, _>(row.running)
+        .bind::<Bool, _>(row.starting)
+        .bind::<Text, _>(row.release)
+        .bind::<Jsonb, _>(row.schedules)
+        .get_result(conn)
+        .await
+    })
     .await
 }
 
@@ -69,11 +74,14 @@ pub(crate) async fn delete_stale_runners(
     conn: &mut AsyncPgConnection,
     age: Duration,
 ) -> diesel::QueryResult<usize> {
-    diesel::sql_query(
-        "DELETE FROM pgfifo.runner WHERE heartbeat_at < now() - make_interval(secs => $1)",
-    )
-    .bind::<Double, _>(age.as_secs_f64())
-    .execute(conn)
+    pinned(conn, async |conn| {
+        diesel::sql_query(
+            "DELETE FROM pgfifo.runner WHERE heartbeat_at < now() - make_interval(secs => $1)",
+        )
+        .bind::<Double, _>(age.as_secs_f64())
+        .execute(conn)
+        .await
+    })
     .await
 }
 
@@ -82,10 +90,13 @@ pub(crate) async fn delete_runner(
     conn: &mut AsyncPgConnection,
     name: &str,
 ) -> diesel::QueryResult<usize> {
-    diesel::sql_query("DELETE FROM pgfifo.runner WHERE name = $1")
-        .bind::<Text, _>(name)
-        .execute(conn)
-        .await
+    pinned(conn, async |conn| {
+        diesel::sql_query("DELETE FROM pgfifo.runner WHERE name = $1")
+            .bind::<Text, _>(name)
+            .execute(conn)
+            .await
+    })
+    .await
 }
 
 #[derive(QueryableByName)]

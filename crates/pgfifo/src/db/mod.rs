@@ -2,7 +2,8 @@
 //!
 //! One home for SQL: each statement lives in the file named for its
 //! consumer ([`runner`], [`enqueue`], [`admin`], [`maintenance`],
-//! [`schedule`], [`migrate`]), with the rows it returns. The schema's functions, which
+//! [`schedule`], [`migrate`]), with the rows it returns; [`pooler`] adapts
+//! them to a transaction-mode pooler. The schema's functions, which
 //! implement enqueue, pick and completion, are in `functions/` (installed by
 //! [`crate::migrate`]); its tables in `migrations/` at the repository root.
 //! Values always reach SQL as bound parameters, and no statement is built
@@ -13,6 +14,7 @@ pub(crate) mod enqueue;
 pub(crate) mod error;
 pub(crate) mod maintenance;
 pub(crate) mod migrate;
+pub mod pooler;
 pub(crate) mod runner;
 pub(crate) mod schedule;
 pub(crate) mod statement;
@@ -21,7 +23,7 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use std::time::Duration;
 
 use diesel::{ConnectionError, ConnectionResult};
-use diesel_async::pooled_connection::ManagerConfig;
+use diesel_async::pooled_connection::{ManagerConfig, RecyclingMethod};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 
 use crate::{Error, Result};
@@ -59,26 +61,73 @@ const KEEPALIVES: &str =
 /// within [`CONNECT_TIMEOUT`] when a server accepts the connection but never
 /// answers. Each connection gets TCP keepalives (see `docs/failure-model.md`).
 pub async fn connect(database_url: &str, max_size: u32) -> Result<Pool> {
+    connect_with(database_url, ConnectOptions::new(max_size)).await
+}
+
+/// How [`connect_with`] builds a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectOptions {
+    max_size: u32,
+    transaction_pooler: bool,
+}
+
+impl ConnectOptions {
+    /// A pool of at most `max_size` connections, straight to PostgreSQL or
+    /// through a pooler in session mode.
+    pub fn new(max_size: u32) -> Self {
+        ConnectOptions {
+            max_size,
+            transaction_pooler: false,
+        }
+    }
+
+    /// The URL leads to a pooler in transaction mode (PgBouncer
+    /// `pool_mode = transaction`, or a managed proxy that multiplexes
+    /// transactions): each connection is
+    /// [prepared for it](pooler::prepare_for_transaction_pooler), and gets
+    /// no session settings (the pooler's own `tcp_keepalive` settings apply
+    /// instead). See `docs/deploying.md`.
+    pub fn transaction_pooler(mut self, yes: bool) -> Self {
+        self.transaction_pooler = yes;
+        self
+    }
+}
+
+/// [`connect`] with [`ConnectOptions`]: the same checks and timeouts.
+pub async fn connect_with(database_url: &str, options: ConnectOptions) -> Result<Pool> {
+    let pooled = options.transaction_pooler;
     // bb8 connects lazily and retries until its timeout; connect once directly
     // so a bad URL or a down server is reported now, with the server's reason.
-    let first = tokio::time::timeout(CONNECT_TIMEOUT, open(database_url))
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, open(database_url, pooled))
         .await
         .map_err(|_| Error::ConnectTimeout(CONNECT_TIMEOUT))?;
     drop(first.map_err(Error::Connection)?);
     let mut config = ManagerConfig::default();
-    config.custom_setup = Box::new(|url| Box::pin(establish(url.to_owned())));
+    config.custom_setup = Box::new(move |url| Box::pin(establish(url.to_owned(), pooled)));
+    if pooled {
+        // bb8's default check on checkout is a prepared `SELECT 1` outside a
+        // transaction; a simple-protocol query is one message the pooler
+        // cannot split.
+        config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
+            Box::pin(conn.batch_execute("SELECT 1"))
+        }));
+    }
     let manager =
         AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(database_url, config);
     bb8::Pool::builder()
-        .max_size(max_size)
+        .max_size(options.max_size)
         .connection_timeout(Duration::from_secs(30))
         .build(manager)
         .await
         .map_err(|err| Error::Pool(bb8::RunError::User(err)))
 }
 
-/// Opens one connection with the keepalive settings.
-async fn open(url: &str) -> ConnectionResult<AsyncPgConnection> {
+/// Opens one connection: with the keepalive settings, or, through a
+/// transaction-mode pooler (`pooled`), prepared for it.
+async fn open(url: &str, pooled: bool) -> ConnectionResult<AsyncPgConnection> {
+    if pooled {
+        return pooler::establish(url).await;
+    }
     let mut conn = AsyncPgConnection::establish(url).await?;
     conn.batch_execute(KEEPALIVES)
         .await
@@ -86,9 +135,16 @@ async fn open(url: &str) -> ConnectionResult<AsyncPgConnection> {
     Ok(conn)
 }
 
+/// Opens one connection straight to PostgreSQL, with the keepalive
+/// settings, within [`CONNECT_TIMEOUT`]: for what a pooler cannot carry
+/// (LISTEN, session locks).
+pub(crate) async fn open_direct(url: &str) -> ConnectionResult<AsyncPgConnection> {
+    establish(url.to_owned(), false).await
+}
+
 /// [`open`] within [`CONNECT_TIMEOUT`]: how the pool connects.
-async fn establish(url: String) -> ConnectionResult<AsyncPgConnection> {
-    tokio::time::timeout(CONNECT_TIMEOUT, open(&url))
+async fn establish(url: String, pooled: bool) -> ConnectionResult<AsyncPgConnection> {
+    tokio::time::timeout(CONNECT_TIMEOUT, open(&url, pooled))
         .await
         .unwrap_or_else(|_| {
             Err(ConnectionError::BadConnection(format!(

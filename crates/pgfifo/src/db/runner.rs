@@ -12,6 +12,7 @@ use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
+use super::pooler::pinned;
 use super::statement::{bind, cached};
 use crate::JobId;
 
@@ -201,17 +202,20 @@ pub(crate) async fn start_attempts(
     max_attempts: &[i32],
     runner: &str,
 ) -> diesel::QueryResult<Vec<(i64, i32)>> {
-    let rows: Vec<AttemptRow> = cached(
-        START_ATTEMPTS,
-        (
-            bind::<Array<BigInt>, _>(ids),
-            bind::<Array<Integer>, _>(max_attempts),
-            bind::<Text, _>(runner),
-        ),
-    )
-    .load(conn)
-    .await?;
-    Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
+    pinned(conn, async |conn| {
+        let rows: Vec<AttemptRow> = cached(
+            START_ATTEMPTS,
+            (
+                bind::<Array<BigInt>, _>(ids),
+                bind::<Array<Integer>, _>(max_attempts),
+                bind::<Text, _>(runner),
+            ),
+        )
+        .load(conn)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
+    })
+    .await
 }
 
 const FORGET_ATTEMPTS: &str = "DELETE FROM pgfifo.job_attempt AS a \
@@ -225,14 +229,17 @@ pub(crate) async fn forget_attempts(
     job_ids: &[i64],
     attempts: &[i32],
 ) -> diesel::QueryResult<usize> {
-    cached(
-        FORGET_ATTEMPTS,
-        (
-            bind::<Array<BigInt>, _>(job_ids),
-            bind::<Array<Integer>, _>(attempts),
-        ),
-    )
-    .execute(conn)
+    pinned(conn, async |conn| {
+        cached(
+            FORGET_ATTEMPTS,
+            (
+                bind::<Array<BigInt>, _>(job_ids),
+                bind::<Array<Integer>, _>(attempts),
+            ),
+        )
+        .execute(conn)
+        .await
+    })
     .await
 }
 
@@ -248,15 +255,18 @@ pub(crate) async fn note_attempt_error(
     attempt: i32,
     error: &str,
 ) -> diesel::QueryResult<usize> {
-    cached(
-        NOTE_ATTEMPT_ERROR,
-        (
-            bind::<Text, _>(error),
-            bind::<BigInt, _>(job_id),
-            bind::<Integer, _>(attempt),
-        ),
-    )
-    .execute(conn)
+    pinned(conn, async |conn| {
+        cached(
+            NOTE_ATTEMPT_ERROR,
+            (
+                bind::<Text, _>(error),
+                bind::<BigInt, _>(job_id),
+                bind::<Integer, _>(attempt),
+            ),
+        )
+        .execute(conn)
+        .await
+    })
     .await
 }
 
@@ -267,9 +277,12 @@ pub(crate) async fn cancel_backend(
     conn: &mut AsyncPgConnection,
     pid: i32,
 ) -> diesel::QueryResult<usize> {
-    cached(CANCEL_BACKEND, (bind::<Integer, _>(pid),))
-        .execute(conn)
-        .await
+    pinned(conn, async |conn| {
+        cached(CANCEL_BACKEND, (bind::<Integer, _>(pid),))
+            .execute(conn)
+            .await
+    })
+    .await
 }
 
 /// The state `pgfifo.complete` writes for one job.
@@ -432,8 +445,11 @@ pub(crate) async fn announce(
     conn: &mut AsyncPgConnection,
     queues: &[String],
 ) -> diesel::QueryResult<()> {
-    cached(ANNOUNCE, (bind::<Array<Text>, _>(queues),))
-        .execute(conn)
-        .await
-        .map(drop)
+    pinned(conn, async |conn| {
+        cached(ANNOUNCE, (bind::<Array<Text>, _>(queues),))
+            .execute(conn)
+            .await
+            .map(drop)
+    })
+    .await
 }

@@ -103,6 +103,49 @@ pub struct RunnerConfig {
     /// Recurring jobs this runner declares and fires (default none); add
     /// them with [`schedule`](Self::schedule).
     pub schedules: Vec<Schedule>,
+    /// A URL straight to PostgreSQL, for what a transaction-mode pooler
+    /// cannot carry: the LISTEN connection and retention's session lock.
+    /// Only read when the pool's connections go through such a pooler
+    /// ([`ConnectOptions::transaction_pooler`](crate::ConnectOptions::transaction_pooler)).
+    /// Without it, that runner polls for new work every
+    /// [`poll_interval`](Self::poll_interval) instead of being notified, and
+    /// says so once at start. See `docs/deploying.md`.
+    pub direct_url: Option<DirectUrl>,
+}
+
+/// A connection URL that is never printed whole: its `Debug` hides the
+/// password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DirectUrl(String);
+
+impl DirectUrl {
+    /// The URL.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for DirectUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = &self.0;
+        // `scheme://user:password@host…`: the password is what sits between
+        // the first ':' after the scheme and the last '@' before the path.
+        let start = url.find("://").map_or(0, |i| i + 3);
+        let end = url[start..]
+            .find(['/', '?'])
+            .map_or(url.len(), |i| start + i);
+        match url[start..end].rfind('@') {
+            Some(at) => match url[start..start + at].find(':') {
+                Some(colon) => write!(
+                    f,
+                    "{:?}",
+                    format!("{}:***{}", &url[..start + colon], &url[start + at..])
+                ),
+                None => write!(f, "{url:?}"),
+            },
+            None => write!(f, "{url:?}"),
+        }
+    }
 }
 
 impl Default for RunnerConfig {
@@ -123,6 +166,7 @@ impl Default for RunnerConfig {
             max_batch: 16,
             batch_window: Duration::from_millis(25),
             schedules: Vec::new(),
+            direct_url: None,
         }
     }
 }
@@ -225,6 +269,12 @@ impl RunnerConfig {
         self
     }
 
+    /// Sets [`direct_url`](Self::direct_url).
+    pub fn direct_url(mut self, url: impl Into<String>) -> Self {
+        self.direct_url = Some(DirectUrl(url.into()));
+        self
+    }
+
     /// Rejects settings that cannot work.
     pub(super) fn validate(&self) -> Result<()> {
         let invalid = |reason: &str| Err(Error::InvalidConfig(reason.into()));
@@ -277,6 +327,19 @@ fn default_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_direct_url_prints_without_its_password() {
+        let config = RunnerConfig::default().direct_url("postgres://app:s3cret@db:5432/app");
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(
+            printed.contains("postgres://app:***@db:5432/app"),
+            "{printed}"
+        );
+        let plain = DirectUrl("postgres://app@db/app".into());
+        assert_eq!(format!("{plain:?}"), "\"postgres://app@db/app\"");
+    }
 
     #[test]
     fn default_names_differ_by_a_random_tag() {

@@ -7,6 +7,11 @@
 //! checked every poll interval and replaced when it fails. It is a
 //! connection of its own, not one of the pool's: a LISTENing session is never
 //! handed to the application, and it closes when the listener stops.
+//!
+//! Where the pool goes through a transaction-mode pooler and no direct URL
+//! was given ([`Sessions::Unavailable`]), nothing can LISTEN: the listener
+//! then only polls, promoting and waking every poll interval on a pooled
+//! connection.
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -18,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::jitter::reconnect_backoff;
 use super::lanes::{promote_all, Board};
+use super::maintenance::pooled;
+use super::sessions::Sessions;
 use super::timer::Timer;
 use crate::db::runner as sql;
 use crate::db::Pool;
@@ -25,6 +32,8 @@ use crate::db::Pool;
 /// What the listener works with.
 pub(crate) struct Listener {
     pub pool: Pool,
+    /// Where its LISTEN connection comes from.
+    pub sessions: Sessions,
     pub queues: Vec<String>,
     pub poll_interval: Duration,
     pub board: Arc<Board>,
@@ -33,6 +42,9 @@ pub(crate) struct Listener {
 
 /// Listens, promotes and wakes lanes until `service` is cancelled.
 pub(crate) async fn run(listener: Listener, service: CancellationToken) {
+    if matches!(listener.sessions, Sessions::Unavailable) {
+        return poll(&listener, &service).await;
+    }
     let mut failures = 0u32;
     while !service.is_cancelled() {
         match listen(&listener, &service).await {
@@ -76,13 +88,42 @@ fn relevant(listener: &Listener, note: &diesel::pg::PgNotification, own_pid: i32
     }
 }
 
+/// Promotes and wakes every poll interval, on a pooled connection each
+/// time, until `service` is cancelled: for a runner that cannot LISTEN.
+async fn poll(listener: &Listener, service: &CancellationToken) {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(listener.poll_interval) => {}
+            () = service.cancelled() => return,
+        }
+        let round = async {
+            let mut conn = pooled(&listener.pool, listener.poll_interval)
+                .await
+                .map_err(|e| e.to_string())?;
+            promote_and_wake(listener, &mut conn, false).await
+        };
+        match round.await {
+            Ok(()) if std::mem::take(&mut failing) => {
+                tracing::info!("pgfifo: polling for new work works again");
+            }
+            Ok(()) => {}
+            Err(err) if failing => {
+                tracing::debug!(error = %err, "pgfifo: polling for new work still fails");
+            }
+            Err(err) => {
+                failing = true;
+                tracing::warn!(error = %err, "pgfifo: polling for new work failed; retrying every poll");
+            }
+        }
+    }
+}
+
 /// Listens until `service` is cancelled (`Ok`) or the connection fails.
 async fn listen(listener: &Listener, service: &CancellationToken) -> Result<(), String> {
-    let mut conn = listener
-        .pool
-        .dedicated_connection()
-        .await
-        .map_err(|e| e.to_string())?;
+    let Some(mut conn) = listener.sessions.open().await.map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
     listen_on(listener, service, &mut conn).await
 }
 

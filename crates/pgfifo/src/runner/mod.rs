@@ -37,9 +37,10 @@ mod maintenance;
 pub mod metrics;
 mod outcome;
 mod scheduler;
+mod sessions;
 mod timer;
 
-pub use config::RunnerConfig;
+pub use config::{DirectUrl, RunnerConfig};
 pub use events::{JobEvent, JobOutcome};
 pub use maintenance::Retention;
 
@@ -61,6 +62,7 @@ use lanes::{Board, LaneSettings, Lanes};
 use listener::Listener;
 use maintenance::retention::RetentionTask;
 use maintenance::{Gauges, Heartbeat};
+use sessions::Sessions;
 use timer::Timer;
 
 /// Each job type's idle bound: its timeout plus the grace, in ms.
@@ -144,10 +146,27 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     config.validate()?;
     let queues = served_queues(registry, &config)?;
     let schedules = crate::schedule::compile_all(&config.schedules)?;
-    {
+    let pooled = {
         let mut conn = pool.get().await?;
         crate::migrate::check_current(&mut conn).await?;
         scheduler::declare(&mut conn, &config.name, &schedules).await?;
+        crate::db::pooler::is_transaction_pooled(&mut conn)
+    };
+    let direct_url = config.direct_url.as_ref().map(|url| url.as_str());
+    let sessions = Sessions::new(&pool, pooled, direct_url);
+    if let Sessions::Direct(_) = sessions {
+        // A wrong URL is refused now, not retried forever by the listener.
+        sessions.open().await.map_err(|err| {
+            Error::InvalidConfig(format!("direct_url does not lead to the database: {err}"))
+        })?;
+    }
+    if matches!(sessions, Sessions::Unavailable) {
+        tracing::warn!(
+            poll_interval = ?config.poll_interval,
+            "pgfifo: the pool goes through a transaction-mode pooler and RunnerConfig::direct_url \
+             is not set, so this runner cannot LISTEN: it finds new work by polling every \
+             poll_interval (see docs/deploying.md)"
+        );
     }
 
     let service = CancellationToken::new();
@@ -177,6 +196,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     tracker.spawn(listener::run(
         Listener {
             pool: pool.clone(),
+            sessions: sessions.clone(),
             queues: queues.clone(),
             poll_interval: config.poll_interval,
             board: board.clone(),
@@ -214,6 +234,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     if let Some(retention) = config.retention.clone() {
         tracker.spawn(maintenance::retention::run(RetentionTask {
             pool: pool.clone(),
+            sessions,
             retention,
             metrics: metrics.clone(),
             stop: stop.clone(),

@@ -70,6 +70,7 @@ use super::metrics::Metrics;
 use super::timer::Timer;
 use diesel_async::AsyncPgConnection;
 
+use crate::db::pooler::pinned_idle;
 use crate::db::runner::{self as sql, IdleBounds};
 use crate::db::Pool;
 use crate::registry::Registry;
@@ -264,7 +265,8 @@ impl Lanes {
 
 /// Promotes woken groups of `queues` until no wake rows are left; returns
 /// how many wake rows it consumed. The delayed heads it set are noted on the
-/// timer.
+/// timer. `conn` has no transaction open on the server; through a
+/// transaction-mode pooler each promote gets one of its own.
 pub(crate) async fn promote_all(
     queues: &[String],
     timer: &Timer,
@@ -273,9 +275,11 @@ pub(crate) async fn promote_all(
 ) -> Result<i32, String> {
     let mut total = 0;
     loop {
-        let promoted = sql::promote(conn, queues, PROMOTE_BATCH)
-            .await
-            .map_err(|e| e.to_string())?;
+        let promoted = pinned_idle(conn, async |conn| {
+            sql::promote(conn, queues, PROMOTE_BATCH).await
+        })
+        .await
+        .map_err(|e| e.to_string())?;
         for &later in &promoted.later {
             timer.add(later);
         }

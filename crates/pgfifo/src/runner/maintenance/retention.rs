@@ -7,13 +7,17 @@ use std::time::{Duration, Instant};
 use diesel_async::AsyncPgConnection;
 use tokio_util::sync::CancellationToken;
 
-use super::Complaints;
+use super::{pooled, Complaints};
 use crate::admin::{self, FinishedState};
 use crate::db;
 use crate::db::Pool;
 use crate::runner::jitter::{jittered, random_fraction};
 use crate::runner::metrics::Metrics;
+use crate::runner::sessions::Sessions;
 use crate::{Error, Result};
+
+/// How long a pass without the session lock waits for a pooled connection.
+const LOCKLESS_POOL_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Retention's session advisory lock: one pass at a time across runners.
 /// (A single bigint key: that key space is apart from the two-integer one
@@ -151,6 +155,8 @@ impl Retention {
 /// What retention works with.
 pub(crate) struct RetentionTask {
     pub pool: Pool,
+    /// Where the pass's locked connection comes from.
+    pub sessions: Sessions,
     pub retention: Retention,
     pub metrics: Arc<Metrics>,
     /// Cancelled when the runner stops picking: a pass stops early.
@@ -161,12 +167,14 @@ pub(crate) struct RetentionTask {
 pub(crate) async fn run(task: RetentionTask) {
     let RetentionTask {
         pool,
+        sessions,
         retention,
         metrics,
         stop,
     } = task;
     let task = Pass {
         pool: &pool,
+        sessions: &sessions,
         retention: &retention,
         metrics: &metrics,
         stop: &stop,
@@ -234,6 +242,7 @@ struct Deleted {
 /// What one retention pass works with.
 struct Pass<'a> {
     pool: &'a Pool,
+    sessions: &'a Sessions,
     retention: &'a Retention,
     metrics: &'a Metrics,
     stop: &'a CancellationToken,
@@ -247,17 +256,34 @@ impl Pass<'_> {
     /// The pass holds retention's session lock on a connection of its own,
     /// not a pooled one: the lock ends when the connection closes, at the
     /// end of the pass or if the task is cancelled, and a locked session is
-    /// never handed to anyone else.
+    /// never handed to anyone else. Where no such connection can be had (a
+    /// transaction-mode pooler and no direct URL), the pass runs on a pooled
+    /// connection without the lock: runners may then make passes at the
+    /// same time, each batch in a transaction of its own, which costs work
+    /// but deletes nothing that one pass alone would keep.
     async fn run(&self, resume: &mut Resume, deleted: &mut Deleted) -> Result<bool> {
-        let mut conn = self
-            .pool
-            .dedicated_connection()
-            .await
-            .map_err(|err| crate::Error::Pool(bb8::RunError::User(err)))?;
-        if !db::maintenance::try_session_lock(&mut conn, RETENTION_LOCK).await? {
-            tracing::debug!("pgfifo retention: another runner is making a pass");
-            return Ok(false);
+        match self.sessions.open().await? {
+            Some(mut conn) => {
+                if !db::maintenance::try_session_lock(&mut conn, RETENTION_LOCK).await? {
+                    tracing::debug!("pgfifo retention: another runner is making a pass");
+                    return Ok(false);
+                }
+                self.walk(&mut conn, resume, deleted).await
+            }
+            None => {
+                let mut conn = pooled(self.pool, LOCKLESS_POOL_PATIENCE).await?;
+                self.walk(&mut conn, resume, deleted).await
+            }
         }
+    }
+
+    /// The pass's walks and group cleaning, on `conn`.
+    async fn walk(
+        &self,
+        conn: &mut AsyncPgConnection,
+        resume: &mut Resume,
+        deleted: &mut Deleted,
+    ) -> Result<bool> {
         let mut complete = true;
         let walks = self.retention.walks();
         resume.begin(walks.len());
@@ -267,13 +293,13 @@ impl Pass<'_> {
                 states: &states,
                 after: resume.after[i],
             };
-            match self.purge_walk(&mut conn, walk, deleted).await? {
+            match self.purge_walk(conn, walk, deleted).await? {
                 Some(next) => resume.after[i] = next,
                 None => complete = false,
             }
         }
         if let Some(idle) = self.retention.idle_groups_after.filter(|_| complete) {
-            complete &= self.clean_groups(&mut conn, idle, deleted).await?;
+            complete &= self.clean_groups(conn, idle, deleted).await?;
         }
         Ok(complete)
     }
