@@ -52,3 +52,12 @@ mod runner_ops_heartbeat;
 mod runner_ops_metrics;
 mod runner_ops_retention;
 mod runner_ops_support;
+
+// The web dashboard.
+mod dashboard;
+mod dashboard_browser;
+mod dashboard_security;
+mod dashboard_support;
+
+// A real browser (headless Chromium) against a page the test serves.
+mod browser_smoke;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo::{Job, JobId, Pool, RunnerConfig, RunnerHandle};
 
+pub mod browser;
 pub mod faults;
 pub mod pgbouncer;
 pub mod query;

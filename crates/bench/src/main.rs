@@ -1,13 +1,15 @@
 //! pgfifo's benchmarks: `cargo run --release -p pgfifo-bench -- <scenario> [--name value]…`
 //!
 //! Scenarios: `fifo-groups`, `backlog`, `latency`, `long-job`, and `status`
-//! (the operator's `pgfifo status` on a large table) (see
+//! (the operator's `pgfifo status` on a large table), `dashboard` (each page
+//! of the web dashboard on a large queue) (see
 //! `docs/performance.md`). Each prints progress on stderr and exactly one JSON
 //! line on stdout. Inputs are environment variables (`DATABASE_URL`, `JOBS`,
 //! `NGROUPS`, `WORKERS`, …); a flag `--jobs 5000` overrides `JOBS`.
 
 mod backlog;
 mod common;
+mod dashboard;
 mod fifo_groups;
 mod latency;
 mod long_job;
@@ -16,7 +18,7 @@ mod status;
 use common::Inputs;
 
 const USAGE: &str =
-    "usage: pgfifo-bench <fifo-groups|backlog|latency|long-job|status> [--name value]...";
+    "usage: pgfifo-bench <fifo-groups|backlog|latency|long-job|status|dashboard> [--name value]...";
 
 #[tokio::main]
 async fn main() {
@@ -39,6 +41,7 @@ async fn main() {
             "latency" => latency::run(&inputs).await,
             "long-job" => long_job::run(&inputs).await,
             "status" => status::run(&inputs).await,
+            "dashboard" => dashboard::run(&inputs).await,
             other => Err(format!("unknown scenario {other:?}\n{USAGE}")),
         },
     };

@@ -52,6 +52,25 @@ SELECT j.queue, j.group_id, pgfifo.group_hash(j.queue, j.group_id), min(j.id), n
 FROM pgfifo.job AS j WHERE j.state = 'queued'
 GROUP BY j.queue, j.group_id";
 
+/// Fills `queue` with `jobs` jobs over `groups` groups ([`FILL`]) and gives
+/// each group its row ([`FILL_GROUPS`]).
+pub(crate) async fn fill(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    jobs: i64,
+    groups: i64,
+) -> Result<(), String> {
+    let err = |e: diesel::result::Error| e.to_string();
+    diesel::sql_query(FILL)
+        .bind::<Text, _>(queue)
+        .bind::<BigInt, _>(groups)
+        .bind::<BigInt, _>(jobs)
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    conn.batch_execute(FILL_GROUPS).await.map_err(err)
+}
+
 #[derive(QueryableByName)]
 struct Truth {
     #[diesel(sql_type = Text)]
@@ -71,14 +90,7 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
     progress!("status: filling {jobs} jobs over {groups} groups");
     let started = Instant::now();
-    diesel::sql_query(FILL)
-        .bind::<Text, _>(QUEUE)
-        .bind::<BigInt, _>(groups)
-        .bind::<BigInt, _>(jobs)
-        .execute(&mut *conn)
-        .await
-        .map_err(err)?;
-    conn.batch_execute(FILL_GROUPS).await.map_err(err)?;
+    fill(&mut conn, QUEUE, jobs, groups).await?;
     progress!("filled in {:.1}s", started.elapsed().as_secs_f64());
 
     let truth: Vec<Truth> = diesel::sql_query(

@@ -59,6 +59,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the web dashboard (127.0.0.1:8080 by default)
+    ///
+    /// Queues, groups and why each one waits, jobs with their payloads and
+    /// attempts, and the actions that unblock them (retry, cancel, skip the
+    /// head, pause, resume), each confirmed and protected against
+    /// cross-site requests.
+    Dashboard(commands::dashboard::DashboardArgs),
     /// Apply, revert or list pgfifo's schema migrations
     Migrate {
         #[command(subcommand)]
@@ -257,6 +264,9 @@ struct GroupsArgs {
     /// Groups after this one in name order (for paging).
     #[arg(long, value_name = "G")]
     after: Option<String>,
+    /// Only groups whose name starts with this.
+    #[arg(long, value_name = "P")]
+    prefix: Option<String>,
     /// At most this many groups.
     #[arg(long, value_name = "N", default_value_t = 50, value_parser = limit())]
     limit: i64,
@@ -348,10 +358,17 @@ async fn run(cli: Cli) -> CliResult {
             )
         })?;
     let out = Output { json: cli.json };
+    let command = match cli.command {
+        Command::Dashboard(args) => {
+            return commands::dashboard::serve(&url, cli.transaction_pooler, args).await;
+        }
+        other => other,
+    };
     let mut conn = commands::connect(&url, cli.transaction_pooler).await?;
     let conn = &mut *conn;
     use commands::{inspect, migrate, ops, schedules, status};
-    match cli.command {
+    match command {
+        Command::Dashboard(_) => unreachable!("served above"),
         Command::Migrate { action } => match action {
             MigrateAction::Up => migrate::up(conn, out).await,
             MigrateAction::Down { n } => migrate::down(conn, out, n as usize).await,
@@ -362,7 +379,9 @@ async fn run(cli: Cli) -> CliResult {
             let query = pgfifo::admin::GroupQuery {
                 blocked_only: args.blocked,
                 after: args.after,
+                prefix: args.prefix,
                 limit: Some(args.limit),
+                ..Default::default()
             };
             inspect::groups(conn, out, &args.queue, &query).await
         }

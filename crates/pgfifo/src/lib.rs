@@ -49,6 +49,8 @@ extern crate self as pgfifo;
 
 pub mod admin;
 mod context;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
 pub mod db;
 mod enqueue;
 mod error;

@@ -78,6 +78,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0004_schedules/up.sql"),
         down: include_str!("../migrations/0004_schedules/down.sql"),
     },
+    Migration {
+        version: 5,
+        name: "throughput",
+        release: "0.2.0",
+        up: include_str!("../migrations/0005_throughput/up.sql"),
+        down: include_str!("../migrations/0005_throughput/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.

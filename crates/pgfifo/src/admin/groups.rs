@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use super::time::{age_from_micros, from_micros, ser_opt_secs, ser_opt_time};
 use crate::db;
-use crate::db::admin::inspect::GroupRow;
+use crate::db::admin::inspect::{GroupFilter, GroupRow};
 use crate::db::pooler::pinned;
-use crate::names::validate_queue;
+use crate::names::{validate_group, validate_queue};
 use crate::{Error, JobId, Result};
 
 /// Where a group stands.
@@ -64,18 +64,48 @@ pub struct GroupInfo {
     pub waiting_until: Option<SystemTime>,
     /// The head's last error (retrying or held).
     pub head_error: Option<String>,
+    /// The head's attempts so far (started ones that had an outcome).
+    pub head_attempts: Option<i32>,
+    /// The head's attempt limit.
+    pub head_max_attempts: Option<i32>,
     /// When the group was paused.
     #[serde(serialize_with = "ser_opt_time")]
     pub paused_at: Option<SystemTime>,
 }
 
+/// The order [`groups`] lists groups in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GroupOrder {
+    /// By name (the default); page with [`GroupQuery::after`].
+    #[default]
+    Name,
+    /// Oldest head first: the groups that have waited longest (groups
+    /// without a head are left out); page with [`GroupQuery::after_head`].
+    OldestHead,
+    /// Largest backlog first, then by name (groups without waiting jobs
+    /// are left out); page with [`GroupQuery::after_backlog`] and
+    /// [`GroupQuery::after`] (the last group's backlog and name). Counts the
+    /// queue's waiting jobs on each call.
+    Backlog,
+}
+
 /// Which groups [`groups`] lists.
 #[derive(Debug, Clone, Default)]
 pub struct GroupQuery {
+    /// The order.
+    pub order: GroupOrder,
+    /// With [`GroupOrder::OldestHead`]: groups whose head is newer than
+    /// this job (for paging).
+    pub after_head: Option<JobId>,
+    /// With [`GroupOrder::Backlog`]: groups after the one with this backlog
+    /// and the name in [`after`](Self::after) (for paging).
+    pub after_backlog: Option<i64>,
     /// Only groups that are blocked (paused, held, retrying).
     pub blocked_only: bool,
     /// Groups after this one in name order (for paging).
     pub after: Option<String>,
+    /// Only groups whose name starts with this.
+    pub prefix: Option<String>,
     /// At most this many (default 50).
     pub limit: Option<i64>,
 }
@@ -97,7 +127,8 @@ fn state_of(row: &GroupRow) -> GroupState {
     }
 }
 
-/// Lists the groups of `queue` in name order, with backlog, head and state.
+/// Lists the groups of `queue` in name order (or oldest head first), with
+/// backlog, head and state.
 /// Includes paused groups that have no job yet, and new groups that no
 /// runner has activated yet (shown idle, with their backlog).
 pub async fn groups(
@@ -113,34 +144,67 @@ pub async fn groups(
                 "limit must be at least 1 (got {limit})"
             )));
         }
-        let rows = db::admin::inspect::groups(
-            conn,
-            queue,
-            query.after.as_deref(),
-            query.blocked_only,
+        let filter = GroupFilter {
+            after: query.after.as_deref(),
+            prefix: query.prefix.as_deref().unwrap_or(""),
+            blocked_only: query.blocked_only,
             limit,
-        )
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| {
-                let state = state_of(&row);
-                GroupInfo {
-                    waiting_until: matches!(state, GroupState::Retrying | GroupState::Scheduled)
-                        .then(|| row.ready_at_us.map(from_micros))
-                        .flatten(),
-                    head_error: matches!(state, GroupState::Retrying | GroupState::Held)
-                        .then(|| row.head_error.clone())
-                        .flatten(),
-                    head: row.head_id.filter(|_| row.head_state.is_some()),
-                    head_age: row.head_age_us.map(age_from_micros),
-                    paused_at: row.paused_at_us.map(from_micros),
-                    backlog: row.backlog,
-                    group: row.group_id,
-                    state,
-                }
-            })
-            .collect())
+        };
+        let rows = match query.order {
+            GroupOrder::Name => db::admin::inspect::groups(conn, queue, filter).await?,
+            GroupOrder::OldestHead => {
+                db::admin::inspect::groups_by_lag(conn, queue, query.after_head, filter).await?
+            }
+            GroupOrder::Backlog => {
+                db::admin::inspect::groups_by_backlog(conn, queue, query.after_backlog, filter)
+                    .await?
+            }
+        };
+        Ok(rows.into_iter().map(info).collect())
     })
     .await
+}
+
+/// One group of `queue`, as [`groups`] lists it; `None` when the queue has
+/// no such group (no row, pause or pending wake-up).
+pub async fn group(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: &str,
+) -> Result<Option<GroupInfo>> {
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        validate_group(group)?;
+        let filter = GroupFilter {
+            after: None,
+            prefix: group,
+            blocked_only: false,
+            limit: 1,
+        };
+        let rows = db::admin::inspect::groups(conn, queue, filter).await?;
+        Ok(rows.into_iter().find(|row| row.group_id == group).map(info))
+    })
+    .await
+}
+
+/// A listed group, from its row.
+fn info(row: GroupRow) -> GroupInfo {
+    let state = state_of(&row);
+    let has_head = row.head_state.is_some();
+    GroupInfo {
+        waiting_until: matches!(state, GroupState::Retrying | GroupState::Scheduled)
+            .then(|| row.ready_at_us.map(from_micros))
+            .flatten(),
+        head_error: matches!(state, GroupState::Retrying | GroupState::Held)
+            .then(|| row.head_error.clone())
+            .flatten(),
+        head: row.head_id.filter(|_| has_head),
+        head_age: row.head_age_us.map(age_from_micros),
+        head_attempts: row.head_attempts.filter(|_| has_head),
+        head_max_attempts: row.head_max_attempts.filter(|_| has_head),
+        paused_at: row.paused_at_us.map(from_micros),
+        backlog: row.backlog,
+        group: row.group_id,
+        state,
+    }
 }

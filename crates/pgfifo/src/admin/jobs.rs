@@ -219,6 +219,29 @@ pub async fn jobs(conn: &mut AsyncPgConnection, query: &JobQuery) -> Result<Vec<
     .await
 }
 
+/// How far back [`group_history`] looks: the newest this many job ids.
+pub const HISTORY_WINDOW: i64 = 100_000;
+
+/// The newest finished jobs (succeeded, failed or cancelled) of `group`,
+/// at most `limit`, among the newest [`HISTORY_WINDOW`] jobs of the whole
+/// table: cheap at any table size, and blind to older history (use
+/// [`jobs`] with a state for that).
+pub async fn group_history(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: &str,
+    limit: i64,
+) -> Result<Vec<JobSummary>> {
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        validate_group(group)?;
+        let rows =
+            db::admin::inspect::group_history(conn, queue, group, HISTORY_WINDOW, limit).await?;
+        Ok(rows.into_iter().map(JobSummary::from).collect())
+    })
+    .await
+}
+
 /// Everything stored about one job, with its attempts. `None` if no job has
 /// this id.
 pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDetail>> {

@@ -12,8 +12,9 @@
 //! | need | function |
 //! |---|---|
 //! | counts per queue, oldest job, blocked groups, largest backlogs | [`status`], [`queue_status`] |
-//! | groups of a queue and why one is blocked | [`groups`] |
-//! | list and inspect jobs | [`jobs`], [`job`] |
+//! | groups of a queue and why one is blocked | [`groups`], [`group`] |
+//! | the runners alive now, jobs finished per minute | [`runners`], [`throughput`] |
+//! | list and inspect jobs, a group's recent history | [`jobs`], [`job`], [`group_history`] |
 //! | put failed jobs back, in order | [`retry_jobs`], [`retry_failed`] |
 //! | cancel a job, skip a group's head | [`cancel_job`], [`skip_head`] |
 //! | pause and resume a queue or one group | [`pause_queue`], [`pause_group`], … |
@@ -39,19 +40,22 @@
 mod groups;
 mod jobs;
 mod ops;
+mod runners;
 mod schedules;
 mod status;
 mod time;
 
-pub use groups::{groups, GroupInfo, GroupQuery, GroupState};
+pub use groups::{group, groups, GroupInfo, GroupOrder, GroupQuery, GroupState};
 pub use jobs::{
-    job, jobs, AttemptInfo, JobDetail, JobQuery, JobStateFilter, JobStatus, JobSummary,
+    group_history, job, jobs, AttemptInfo, JobDetail, JobQuery, JobStateFilter, JobStatus,
+    JobSummary, HISTORY_WINDOW,
 };
 pub use ops::{
     cancel_job, clean_groups, pause_group, pause_queue, purge, purge_batch, resume_group,
     resume_queue, retry_failed, retry_jobs, set_failure_policy, skip_head, FailurePolicy,
     FinishedState, PurgeBatch, Retried, RetryResult, PURGE_BATCH,
 };
+pub use runners::{runners, throughput, MinuteCount, RunnerInfo};
 pub use schedules::{
     delete_schedule, pause_schedule, resume_schedule, schedule, schedule_ticks, schedules,
     ScheduleInfo, TickInfo,

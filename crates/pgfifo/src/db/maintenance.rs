@@ -116,3 +116,41 @@ pub(crate) async fn try_session_lock(
         .await?;
     Ok(row.locked)
 }
+
+/// Adds jobs finished to the current minute's row of each queue
+/// (`pgfifo.queue_minute`), and deletes its rows older than two hours.
+/// `finished` is `(queue, succeeded, failed)`, in queue order so that
+/// runners lock the rows in one order.
+pub(crate) async fn record_finished(
+    conn: &mut AsyncPgConnection,
+    finished: &[(String, i64, i64)],
+) -> diesel::QueryResult<()> {
+    let mut rows = finished.to_vec();
+    rows.sort();
+    let queues: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+    let succeeded: Vec<i64> = rows.iter().map(|r| r.1).collect();
+    let failed: Vec<i64> = rows.iter().map(|r| r.2).collect();
+    pinned(conn, async |conn| {
+        diesel::sql_query(
+            "INSERT INTO pgfifo.queue_minute AS m (queue, minute, succeeded, failed)
+             SELECT t.q, date_trunc('minute', now()), t.s, t.f
+             FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS t(q, s, f)
+             ON CONFLICT (queue, minute) DO UPDATE
+             SET succeeded = m.succeeded + EXCLUDED.succeeded, failed = m.failed + EXCLUDED.failed",
+        )
+        .bind::<Array<Text>, _>(&queues)
+        .bind::<Array<BigInt>, _>(&succeeded)
+        .bind::<Array<BigInt>, _>(&failed)
+        .execute(conn)
+        .await?;
+        diesel::sql_query(
+            "DELETE FROM pgfifo.queue_minute
+             WHERE queue = ANY ($1) AND minute < now() - interval '2 hours'",
+        )
+        .bind::<Array<Text>, _>(&queues)
+        .execute(conn)
+        .await?;
+        Ok(())
+    })
+    .await
+}

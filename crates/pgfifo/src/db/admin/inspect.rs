@@ -24,6 +24,8 @@ pub(crate) struct GroupRow {
     pub ready_at_us: Option<i64>,
     #[diesel(sql_type = Nullable<Integer>)]
     pub head_attempts: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub head_max_attempts: Option<i32>,
     /// An attempt of the head started and has no outcome yet.
     #[diesel(sql_type = Bool)]
     pub head_started: bool,
@@ -37,31 +39,16 @@ pub(crate) struct GroupRow {
     pub backlog: i64,
 }
 
-/// The groups of `queue` after `after` in name order (at most `limit`),
-/// only the blocked ones if `blocked_only`: those with a row, a pause, or a
-/// wake-up not promoted yet.
-pub(crate) async fn groups(
-    conn: &mut AsyncPgConnection,
-    queue: &str,
-    after: Option<&str>,
-    blocked_only: bool,
-    limit: i64,
-) -> diesel::QueryResult<Vec<GroupRow>> {
-    diesel::sql_query(
-        "WITH k AS (
-             SELECT group_id FROM pgfifo.queue_group
-             WHERE queue = $1 AND group_id > coalesce($2, '')
-             UNION
-             SELECT group_id FROM pgfifo.group_pause
-             WHERE queue = $1 AND group_id > coalesce($2, '')
-             UNION
-             SELECT group_id FROM pgfifo.group_wake
-             WHERE queue = $1 AND group_id > coalesce($2, ''))
-         SELECT k.group_id, g.head_id, j.state AS head_state,
+/// The select list and joins of a [`GroupRow`] for the groups of CTE `k`
+/// (column `group_id`) in queue `$1`; a macro so that it can be `concat!`ed
+/// into the statements that use it.
+macro_rules! group_rows {
+    () => {
+"SELECT k.group_id, g.head_id, j.state AS head_state,
                 g.ready_at IS NOT NULL AS active,
                 coalesce(g.ready_at > now(), false) AS waiting,
                 (extract(epoch FROM g.ready_at) * 1e6)::bigint AS ready_at_us,
-                j.attempts AS head_attempts,
+                j.attempts AS head_attempts, j.max_attempts AS head_max_attempts,
                 coalesce(j.state = 'queued' AND EXISTS (
                     SELECT 1 FROM pgfifo.job_attempt AS a
                     WHERE a.job_id = j.id AND a.attempt > j.attempts), false) AS head_started,
@@ -73,20 +60,177 @@ pub(crate) async fn groups(
          FROM k
          LEFT JOIN pgfifo.queue_group AS g ON g.queue = $1 AND g.group_id = k.group_id
          LEFT JOIN pgfifo.job AS j ON j.id = g.head_id
-         LEFT JOIN pgfifo.group_pause AS p ON p.queue = $1 AND p.group_id = k.group_id
-         WHERE NOT $3
+         LEFT JOIN pgfifo.group_pause AS p ON p.queue = $1 AND p.group_id = k.group_id"
+    };
+}
+
+/// `NOT $3 OR` the group is blocked (held, paused, or its head waits for
+/// a retry), for a group row `g` (possibly absent) of group `$group` in
+/// queue `$1`; a macro for `concat!`.
+macro_rules! blocked_row {
+    ($group:literal) => {
+        concat!(
+            "(NOT $3
+              OR (g.head_id IS NOT NULL AND g.ready_at IS NULL)
+              OR EXISTS (SELECT 1 FROM pgfifo.group_pause AS gp
+                         WHERE gp.queue = $1 AND gp.group_id = ",
+            $group,
+            ")
+              OR (g.ready_at > now() AND EXISTS (
+                      SELECT 1 FROM pgfifo.job AS h
+                      WHERE h.id = g.head_id AND h.state = 'queued' AND h.attempts > 0)))"
+        )
+    };
+}
+
+/// Which groups [`groups`] reads, in name order: after `after`, starting
+/// with `prefix` (`""`: any), and at most `limit`; `blocked_only` keeps
+/// those that are blocked.
+pub(crate) struct GroupFilter<'a> {
+    pub after: Option<&'a str>,
+    pub prefix: &'a str,
+    pub blocked_only: bool,
+    pub limit: i64,
+}
+
+/// The groups of `queue` that `filter` selects: those with a row, a pause,
+/// or a wake-up not promoted yet. A prefix becomes a range on the primary
+/// keys (`prefix` ≤ group < the prefix's successor), which the indexes serve.
+pub(crate) async fn groups(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    filter: GroupFilter<'_>,
+) -> diesel::QueryResult<Vec<GroupRow>> {
+    let start = match filter.after {
+        Some(after) if after >= filter.prefix => after,
+        _ => "",
+    };
+    let text = concat!(
+        "WITH k AS (
+             SELECT group_id FROM pgfifo.queue_group
+             WHERE queue = $1 AND group_id > $2 AND group_id >= $5
+               AND ($6::text IS NULL OR group_id < $6)
+             UNION
+             SELECT group_id FROM pgfifo.group_pause
+             WHERE queue = $1 AND group_id > $2 AND group_id >= $5
+               AND ($6::text IS NULL OR group_id < $6)
+             UNION
+             SELECT group_id FROM pgfifo.group_wake
+             WHERE queue = $1 AND group_id > $2 AND group_id >= $5
+               AND ($6::text IS NULL OR group_id < $6)) ",
+        group_rows!(),
+        " WHERE NOT $3
             OR p.paused_at IS NOT NULL
             OR (g.head_id IS NOT NULL AND g.ready_at IS NULL)
             OR (g.ready_at > now() AND j.state = 'queued' AND j.attempts > 0)
          ORDER BY k.group_id
-         LIMIT $4",
-    )
-    .bind::<Text, _>(queue)
-    .bind::<Nullable<Text>, _>(after)
-    .bind::<Bool, _>(blocked_only)
-    .bind::<BigInt, _>(limit)
-    .load(conn)
-    .await
+         LIMIT $4"
+    );
+    load_groups(conn, text, queue, &filter, start, None).await
+}
+
+/// The groups of `queue` with a head, oldest head first (the longest
+/// waiting): after head `after_head`, with `filter`'s prefix, blocked-only
+/// and limit (its `after` is not used). Sorts the queue's group rows (no
+/// index on the head, which would cost every job's completion), which
+/// stays in tens of milliseconds at 100,000 groups.
+pub(crate) async fn groups_by_lag(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    after_head: Option<i64>,
+    filter: GroupFilter<'_>,
+) -> diesel::QueryResult<Vec<GroupRow>> {
+    let text = concat!(
+        "WITH k AS (
+             SELECT g.group_id, g.head_id FROM pgfifo.queue_group AS g
+             WHERE g.queue = $1 AND g.head_id > coalesce($7, 0)
+               AND g.group_id >= $5 AND ($6::text IS NULL OR g.group_id < $6)
+               AND ",
+        blocked_row!("g.group_id"),
+        "
+             ORDER BY g.head_id
+             LIMIT $4) ",
+        group_rows!(),
+        " ORDER BY k.head_id"
+    );
+    load_groups(conn, text, queue, &filter, "", after_head).await
+}
+
+/// The groups of `queue` with waiting jobs, largest backlog first (then by
+/// name): after `(after_backlog, filter.after)`, with `filter`'s prefix,
+/// blocked-only and limit. Counts every waiting job of the queue once per
+/// call (what `status` counts too): about a tenth of a second per million
+/// jobs waiting.
+pub(crate) async fn groups_by_backlog(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    after_backlog: Option<i64>,
+    filter: GroupFilter<'_>,
+) -> diesel::QueryResult<Vec<GroupRow>> {
+    let text = concat!(
+        "WITH per AS (
+             SELECT b.group_id, count(*) AS n FROM pgfifo.job AS b
+             WHERE b.queue = $1 AND b.state = 'queued' AND b.group_id IS NOT NULL
+               AND b.group_id >= $5 AND ($6::text IS NULL OR b.group_id < $6)
+             GROUP BY b.group_id),
+         k AS (
+             SELECT per.group_id, per.n FROM per
+             LEFT JOIN pgfifo.queue_group AS g ON g.queue = $1 AND g.group_id = per.group_id
+             WHERE ($7::bigint IS NULL OR per.n < $7 OR (per.n = $7 AND per.group_id > $2))
+               AND ",
+        blocked_row!("per.group_id"),
+        "
+             ORDER BY per.n DESC, per.group_id
+             LIMIT $4) ",
+        group_rows!(),
+        " ORDER BY k.n DESC, k.group_id"
+    );
+    let after = filter.after.unwrap_or("");
+    load_groups(conn, text, queue, &filter, after, after_backlog).await
+}
+
+/// Runs one of the group listings: `$1` the queue, `$2` a group name to
+/// start after, `$3` blocked only, `$4` the limit, `$5` and `$6` the
+/// prefix's range, `$7` a number to start after (a head or a backlog).
+/// Each statement uses the parameters it needs (their types are sent
+/// with them).
+async fn load_groups(
+    conn: &mut AsyncPgConnection,
+    text: &'static str,
+    queue: &str,
+    filter: &GroupFilter<'_>,
+    after_name: &str,
+    after_number: Option<i64>,
+) -> diesel::QueryResult<Vec<GroupRow>> {
+    diesel::sql_query(text)
+        .bind::<Text, _>(queue)
+        .bind::<Text, _>(after_name)
+        .bind::<Bool, _>(filter.blocked_only)
+        .bind::<BigInt, _>(filter.limit)
+        .bind::<Text, _>(filter.prefix)
+        .bind::<Nullable<Text>, _>(prefix_end(filter.prefix))
+        .bind::<Nullable<BigInt>, _>(after_number)
+        .load(conn)
+        .await
+}
+
+/// The first string after every string that starts with `prefix`, in
+/// byte order (the groups' collation is "C"): the prefix with its last
+/// character raised by one. `None` when there is no bound (an empty prefix,
+/// or one made of the highest characters only).
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let mut next = u32::from(last) + 1;
+        if (0xD800..0xE000).contains(&next) {
+            next = 0xE000;
+        }
+        if let Some(c) = char::from_u32(next) {
+            chars.push(c);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
 }
 
 /// A job in a listing. `status` is the stored state, or for a queued job
@@ -187,6 +331,34 @@ pub(crate) async fn jobs(
         .bind::<BigInt, _>(filter.limit)
         .load(conn)
         .await
+}
+
+/// The finished jobs of one group among the queue's newest `window` job
+/// ids, newest first (at most `limit`). No index lists a group's finished
+/// jobs (one would cost every job's updates), so the walk is bounded by the
+/// window instead of the table.
+pub(crate) async fn group_history(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: &str,
+    window: i64,
+    limit: i64,
+) -> diesel::QueryResult<Vec<JobRow>> {
+    diesel::sql_query(concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM pgfifo.job AS j
+         WHERE j.id > (SELECT coalesce(max(m.id), 0) FROM pgfifo.job AS m) - $3
+           AND j.queue = $1 AND j.group_id = $2 AND j.state <> 'queued'
+         ORDER BY j.id DESC
+         LIMIT $4"
+    ))
+    .bind::<Text, _>(queue)
+    .bind::<Text, _>(group)
+    .bind::<BigInt, _>(window)
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await
 }
 
 /// One job with everything stored about it.

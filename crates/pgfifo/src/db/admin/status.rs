@@ -248,3 +248,71 @@ pub(crate) async fn gauges(
     .get_result(conn)
     .await
 }
+
+/// A live runner's row.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct RunnerRow {
+    #[diesel(sql_type = Text)]
+    pub name: String,
+    #[diesel(sql_type = diesel::sql_types::Array<Text>)]
+    pub queues: Vec<String>,
+    #[diesel(sql_type = BigInt)]
+    pub running: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub release: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    pub started_at_us: i64,
+    #[diesel(sql_type = BigInt)]
+    pub heartbeat_age_us: i64,
+}
+
+/// The runners whose heartbeat is younger than `alive`, by name, with the
+/// jobs each runs now (summed over its queues).
+pub(crate) async fn runners(
+    conn: &mut AsyncPgConnection,
+    alive: Duration,
+) -> diesel::QueryResult<Vec<RunnerRow>> {
+    diesel::sql_query(
+        "SELECT r.name, r.queues, r.release,
+                coalesce((SELECT sum(v::bigint) FROM jsonb_each_text(r.running) AS e(k, v)), 0)::bigint
+                    AS running,
+                (extract(epoch FROM r.started_at) * 1e6)::bigint AS started_at_us,
+                (extract(epoch FROM now() - r.heartbeat_at) * 1e6)::bigint AS heartbeat_age_us
+         FROM pgfifo.runner AS r
+         WHERE r.heartbeat_at > now() - make_interval(secs => $1)
+         ORDER BY r.name",
+    )
+    .bind::<Double, _>(alive.as_secs_f64())
+    .load(conn)
+    .await
+}
+
+/// Jobs finished in one minute (of one queue, or of all).
+#[derive(QueryableByName, Debug)]
+pub(crate) struct MinuteRow {
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    #[diesel(sql_type = BigInt)]
+    pub minute_us: i64,
+    #[diesel(sql_type = BigInt)]
+    pub succeeded: i64,
+    #[diesel(sql_type = BigInt)]
+    pub failed: i64,
+}
+
+/// The per-minute counts of the last `minutes` minutes (the current one
+/// included), by queue and minute.
+pub(crate) async fn finished_per_minute(
+    conn: &mut AsyncPgConnection,
+    minutes: i32,
+) -> diesel::QueryResult<Vec<MinuteRow>> {
+    diesel::sql_query(
+        "SELECT queue, (extract(epoch FROM minute) * 1e6)::bigint AS minute_us, succeeded, failed
+         FROM pgfifo.queue_minute
+         WHERE minute > date_trunc('minute', now()) - make_interval(mins => $1)
+         ORDER BY queue, minute",
+    )
+    .bind::<diesel::sql_types::Integer, _>(minutes)
+    .load(conn)
+    .await
+}

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use diesel_async::AsyncPgConnection;
 use tokio_util::sync::CancellationToken;
 
 use super::{pooled, Complaints};
@@ -61,6 +62,7 @@ impl Heartbeat {
         }
         let farewell = async {
             let mut conn = pooled(&self.pool, FAREWELL_PATIENCE).await?;
+            self.record_finished(&mut conn).await?;
             db::maintenance::delete_runner(&mut conn, &self.name).await?;
             Ok::<(), crate::Error>(())
         };
@@ -71,6 +73,20 @@ impl Heartbeat {
             }
             Err(_) => tracing::warn!("pgfifo: deleting the runner's heartbeat row timed out"),
         }
+    }
+
+    /// Adds the jobs finished since the last heartbeat to the per-minute
+    /// counts the dashboard charts; on failure they wait for the next one.
+    async fn record_finished(&self, conn: &mut AsyncPgConnection) -> Result<()> {
+        let finished = self.metrics.take_finished();
+        if finished.is_empty() {
+            return Ok(());
+        }
+        if let Err(err) = db::maintenance::record_finished(conn, &finished).await {
+            self.metrics.unfinish(&finished);
+            return Err(err.into());
+        }
+        Ok(())
     }
 
     /// One heartbeat: upserts the runner's row with the running counts, and
@@ -88,6 +104,7 @@ impl Heartbeat {
             schedules: &self.schedules,
         };
         let beat = db::maintenance::beat(&mut conn, row).await?;
+        self.record_finished(&mut conn).await?;
         if starting {
             // Rows of runners that died without shutting down (killed,
             // crashed) stay behind; status ignores them once stale. Clear out

@@ -38,7 +38,7 @@
 //! `pgfifo_jobs_running` is per runner: `sum` it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -168,6 +168,10 @@ impl KindMetrics {
 struct QueueMetrics {
     /// Handlers running now (the heartbeat reports it).
     running: AtomicI64,
+    /// Jobs that succeeded, and failed for good, since the heartbeat last
+    /// recorded them (`pgfifo.queue_minute`).
+    unrecorded_succeeded: AtomicU64,
+    unrecorded_failed: AtomicU64,
     running_gauge: Gauge,
     depth: Gauge,
     lag: Gauge,
@@ -181,6 +185,8 @@ impl QueueMetrics {
         let label = || [("queue", queue.to_owned())];
         Self {
             running: AtomicI64::new(0),
+            unrecorded_succeeded: AtomicU64::new(0),
+            unrecorded_failed: AtomicU64::new(0),
             running_gauge: metrics::gauge!(JOBS_RUNNING, &label()),
             depth: metrics::gauge!(QUEUE_DEPTH, &label()),
             lag: metrics::gauge!(GROUP_LAG, &label()),
@@ -252,6 +258,19 @@ impl Metrics {
     /// when `run` is the handler's run.
     pub(crate) fn committed(&self, event: &JobEvent, run: Option<Run>) {
         let outcome = Outcome::of(&event.outcome);
+        if let Some(counters) = self.queues.get(&event.queue) {
+            match outcome {
+                Outcome::Succeeded => {
+                    counters
+                        .unrecorded_succeeded
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Outcome::Failed => {
+                    counters.unrecorded_failed.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
         match run {
             Some(mut run) => {
                 run.handles.record(outcome, run.ran_for);
@@ -277,6 +296,32 @@ impl Metrics {
             })
             .collect::<serde_json::Map<_, _>>()
             .into()
+    }
+
+    /// Takes the jobs finished since the last call, per queue with any:
+    /// `(queue, succeeded, failed)`. Give them back with
+    /// [`unfinish`](Self::unfinish) if they could not be recorded.
+    pub(crate) fn take_finished(&self) -> Vec<(String, i64, i64)> {
+        self.queues
+            .iter()
+            .filter_map(|(queue, c)| {
+                let ok = c.unrecorded_succeeded.swap(0, Ordering::Relaxed);
+                let failed = c.unrecorded_failed.swap(0, Ordering::Relaxed);
+                (ok + failed > 0).then(|| (queue.clone(), ok as i64, failed as i64))
+            })
+            .collect()
+    }
+
+    /// Puts back counts [`take_finished`](Self::take_finished) took.
+    pub(crate) fn unfinish(&self, finished: &[(String, i64, i64)]) {
+        for (queue, ok, failed) in finished {
+            if let Some(c) = self.queues.get(queue) {
+                c.unrecorded_succeeded
+                    .fetch_add(*ok as u64, Ordering::Relaxed);
+                c.unrecorded_failed
+                    .fetch_add(*failed as u64, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Sets the sampled gauges of the queues in `gauges`.

@@ -1,0 +1,134 @@
+//! The dashboard's pages, one module each, and what they share: where the
+//! dashboard is mounted, the browser's CSRF token, a connection.
+
+pub(crate) mod failed;
+pub(crate) mod group;
+pub(crate) mod groups;
+pub(crate) mod job;
+pub(crate) mod overview;
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, OriginalUri};
+use axum::http::request::Parts;
+use maud::Markup;
+
+use super::fail::Fail;
+use super::html::{layout, ActionForm};
+use super::security::CsrfToken;
+use super::Shared;
+use crate::admin::{GroupInfo, GroupState};
+use crate::db::PooledConnection;
+
+/// What a page handler works with.
+pub(crate) struct Ctx {
+    /// The path the dashboard is mounted at (`""` at the root).
+    pub base: String,
+    pub token: String,
+    pub read_only: bool,
+}
+
+impl FromRequestParts<Arc<Shared>> for Ctx {
+    type Rejection = Fail;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<Shared>) -> Result<Ctx, Fail> {
+        let inner = parts.uri.path().to_owned();
+        let original = parts
+            .extensions
+            .get::<OriginalUri>()
+            .map_or_else(|| inner.clone(), |uri| uri.0.path().to_owned());
+        // Nested under a prefix, the router sees the path without it.
+        let base = if inner == "/" {
+            original.trim_end_matches('/').to_owned()
+        } else {
+            original
+                .strip_suffix(&inner)
+                .unwrap_or("")
+                .trim_end_matches('/')
+                .to_owned()
+        };
+        let token = parts
+            .extensions
+            .get::<CsrfToken>()
+            .map(|t| t.value.clone())
+            .unwrap_or_default();
+        Ok(Ctx {
+            base,
+            token,
+            read_only: state.read_only,
+        })
+    }
+}
+
+impl Ctx {
+    /// The page frame with this context's base.
+    pub(crate) fn page(&self, title: &str, body: Markup) -> Markup {
+        layout(&self.base, title, body)
+    }
+
+    /// The action buttons' helper.
+    pub(crate) fn actions(&self) -> ActionForm<'_> {
+        ActionForm {
+            base: &self.base,
+            token: &self.token,
+            read_only: self.read_only,
+        }
+    }
+}
+
+/// A pooled connection, or a 503 page.
+pub(crate) async fn conn(shared: &Arc<Shared>) -> Result<PooledConnection, Fail> {
+    Ok(shared.pool.get_owned().await?)
+}
+
+/// Any other path.
+pub(crate) async fn not_found() -> Fail {
+    Fail::not_found("no such page")
+}
+
+/// One line on why a group is where it is, and what would move it.
+pub(crate) fn reason(g: &GroupInfo) -> String {
+    let head = g
+        .head
+        .map_or_else(String::new, |id| format!("head job {id}"));
+    let attempts = match (g.head_attempts, g.head_max_attempts) {
+        (Some(a), Some(m)) => format!("{a}/{m} attempts"),
+        _ => String::new(),
+    };
+    let error = g
+        .head_error
+        .as_deref()
+        .map(|e| format!(": {}", first_line(e)))
+        .unwrap_or_default();
+    match g.state {
+        GroupState::Idle => "no job waiting".to_owned(),
+        GroupState::Ready => format!("{head} is ready and waits for a free runner slot"),
+        GroupState::Running => format!("{head} is running ({attempts} so far)"),
+        GroupState::Scheduled => match g.waiting_until {
+            Some(t) => format!("{head} is scheduled: starts in {}", super::html::ago(super::html::until(t))),
+            None => format!("{head} is scheduled"),
+        },
+        GroupState::Retrying => match g.waiting_until {
+            Some(t) => format!(
+                "{head} failed {attempts}, next try in {}{error}",
+                super::html::ago(super::html::until(t))
+            ),
+            None => format!("{head} failed {attempts} and waits for its retry{error}"),
+        },
+        GroupState::Held => format!(
+            "{head} failed for good ({attempts}), policy hold: retry or skip it to release the group{error}"
+        ),
+        GroupState::Paused => "paused by an operator: resume it to go on".to_owned(),
+    }
+}
+
+/// The first line of `text`, cut at 160 characters.
+pub(crate) fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or("");
+    if line.chars().count() > 160 {
+        let cut: String = line.chars().take(160).collect();
+        format!("{cut}…")
+    } else {
+        line.to_owned()
+    }
+}
