@@ -277,3 +277,55 @@ async fn max_attempts_zero_is_rejected() {
     let err = rejected(&db, EnqueueOptions::group("g").max_attempts(u32::MAX)).await;
     assert!(matches!(err, Error::InvalidOption(_)), "{err:?}");
 }
+
+/// A job whose payload has free text, for the NUL test.
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(queue = "bad_input")]
+pub struct BadInputText {
+    lines: Vec<String>,
+}
+
+#[async_trait]
+impl Handler for BadInputText {
+    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_character_in_a_payload_or_unique_key_is_named_not_sent() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let job = BadInputText {
+        lines: vec!["fine".into(), "a\u{0}b".into()],
+    };
+    let err = job
+        .clone()
+        .enqueue(&mut conn, "g")
+        .await
+        .expect_err("PostgreSQL cannot store it");
+    match &err {
+        Error::InvalidOption(message) => {
+            assert!(message.contains("NUL"), "{message}");
+            assert!(
+                message.contains("$.lines[1]"),
+                "the field is named: {message}"
+            );
+        }
+        other => panic!("expected InvalidOption, got {other:?}"),
+    }
+    let batch = NewJob::new(&job, EnqueueOptions::group("g")).expect_err("NewJob::new too");
+    assert_eq!(batch.to_string(), err.to_string());
+    drop(conn);
+    let err = rejected(&db, EnqueueOptions::group("g").unique_key("k\u{0}")).await;
+    match err {
+        Error::InvalidOption(message) => {
+            assert!(
+                message.contains("unique_key") && message.contains("NUL"),
+                "{message}"
+            )
+        }
+        other => panic!("expected InvalidOption, got {other:?}"),
+    }
+    assert_nothing_written(&db).await;
+}

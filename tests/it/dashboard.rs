@@ -309,6 +309,15 @@ async fn mounted_under_a_prefix_its_links_keep_the_prefix() {
     assert!(group
         .body
         .contains("action=\"/ops/jobs/actions/skip-head\""));
+    let missing = client.get("/ops/jobs/jobs/999999").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(
+        missing
+            .body
+            .contains("href=\"/ops/jobs/assets/dashboard.css\""),
+        "error pages keep the prefix too: {}",
+        missing.body
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -149,6 +149,33 @@ async fn serving_publicly_needs_credentials_or_read_only() {
     server.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loopback_dashboard_answers_only_to_loopback_names() {
+    let fx = fixture().await;
+    let server =
+        Served::start_on(&fx, "127.0.0.1:0", DashboardConfig::default(), Access::Open).await;
+    let port = server
+        .url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(http_status(&server.url, None).await, 200);
+    assert_eq!(
+        http_status_as(&server.url, &format!("localhost:{port}"), None).await,
+        200
+    );
+    // A page of another site whose name now points at 127.0.0.1 (DNS
+    // rebinding) is not answered, nor is another port's name.
+    assert_eq!(
+        http_status_as(&server.url, &format!("attacker.example:{port}"), None).await,
+        421
+    );
+    assert_eq!(http_status_as(&server.url, "127.0.0.1:1", None).await, 421);
+    server.stop().await;
+}
+
 /// `dashboard::serve` on 0.0.0.0 and a free port, until stopped.
 struct Served {
     url: String,
@@ -158,11 +185,15 @@ struct Served {
 
 impl Served {
     async fn start(fx: &Fx, config: DashboardConfig, access: Access) -> Served {
+        Self::start_on(fx, "0.0.0.0:0", config, access).await
+    }
+
+    async fn start_on(fx: &Fx, addr: &str, config: DashboardConfig, access: Access) -> Served {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(dashboard::serve(
             fx.pool.clone(),
-            "0.0.0.0:0".parse().unwrap(),
+            addr.parse().unwrap(),
             config,
             access,
             move |addr| tx.send(addr).unwrap(),
@@ -189,10 +220,22 @@ impl Served {
 
 /// The status of `GET url` over a real socket (HTTP/1.1 by hand).
 async fn http_status(url: &str, authorization: Option<&str>) -> u16 {
+    let host = url
+        .strip_prefix("http://")
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    http_status_as(url, host, authorization).await
+}
+
+/// [`http_status`] with `host` as the `Host` header.
+async fn http_status_as(url: &str, host_header: &str, authorization: Option<&str>) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_once('/').unwrap();
     let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let host = host_header;
     let auth = authorization.map_or_else(String::new, |a| format!("Authorization: {a}\r\n"));
     let request =
         format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");

@@ -27,13 +27,15 @@ struct Count {
     n: i64,
 }
 
-/// Has the pooler open several server connections (transactions that
-/// overlap in time, until four ran at once), so that its round robin has
-/// servers to go round: a statement split across two transactions then
-/// lands on two servers.
-async fn warm(url: &str) {
+/// Has the pooler open `n` server connections (transactions that overlap
+/// in time, until `n` ran at once). In transaction mode its round robin then
+/// has servers to go round: a statement split across two transactions lands
+/// on two servers. In session mode, runners then find their servers ready:
+/// PgBouncer opens new ones one at a time, which on a loaded machine makes
+/// a runner's lanes wait seconds for their first connections.
+async fn warm(url: &str, n: usize) {
     let mut conns = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..n {
         conns.push(pgfifo::db::pooler::establish(url).await.expect("connect"));
     }
     for _ in 0..50 {
@@ -51,11 +53,11 @@ async fn warm(url: &str) {
             .into_iter()
             .map(|pid| pid.expect("a sleeping transaction"))
             .collect();
-        if pids.len() == 4 {
+        if pids.len() == n {
             return;
         }
     }
-    panic!("pgbouncer never ran four transactions at once");
+    panic!("pgbouncer never ran {n} transactions at once");
 }
 
 async fn pool(url: &str, transaction_pooler: bool) -> Pool {
@@ -190,7 +192,7 @@ async fn transaction_mode_enqueue_and_admin() {
     let Some(bouncer) = PgBouncer::start(&db.name) else {
         return;
     };
-    warm(&bouncer.transaction_url).await;
+    warm(&bouncer.transaction_url, 4).await;
     let pool = pool(&bouncer.transaction_url, true).await;
     enqueue_and_admin(&db, &pool).await;
     assert!(
@@ -221,7 +223,8 @@ async fn drain_through(mode: Mode, direct: bool) -> Vec<usize> {
     };
     let (url, mut enqueuer, mut env) = match mode {
         Mode::Transaction => {
-            warm(&bouncer.transaction_url).await;
+            // Up to both workers' lanes and bookkeepers at once.
+            warm(&bouncer.transaction_url, 28).await;
             let conn = pgfifo::db::pooler::establish(&bouncer.transaction_url)
                 .await
                 .unwrap();
@@ -232,6 +235,8 @@ async fn drain_through(mode: Mode, direct: bool) -> Vec<usize> {
             )
         }
         Mode::Session => {
+            // Two workers' pools and LISTEN connections, and the enqueuer.
+            warm(&bouncer.session_url, 36).await;
             let conn = AsyncPgConnection::establish(&bouncer.session_url)
                 .await
                 .unwrap();
@@ -296,7 +301,7 @@ async fn transaction_mode_without_the_option_fails_on_prepared_statements() {
     let Some(bouncer) = PgBouncer::start(&db.name) else {
         return;
     };
-    warm(&bouncer.transaction_url).await;
+    warm(&bouncer.transaction_url, 4).await;
     let mut failures = Vec::new();
     // Even opening the pool may fail: diesel-async's own setup statements
     // meet the same fate.

@@ -211,6 +211,21 @@ async fn timeout_cancels_handler_stuck_in_sql_and_group_proceeds() {
     assert_eq!(db.job_state(stuck).await, "succeeded 2");
     let attempt_error = db.attempt_error(stuck, 1).await.unwrap();
     assert!(attempt_error.contains("timed out"), "{attempt_error}");
+    // The stuck statement was cancelled at the timeout: the failed attempt
+    // was written within the timeout (300 ms) and the documented grace
+    // (cancel and rollback; 1 s here, for a loaded machine), not after the
+    // seconds a statement waiting for its own end would take.
+    let held_ms = db
+        .scalar(&format!(
+            "SELECT (extract(epoch FROM finished_at - started_at) * 1000)::bigint \
+             FROM pgfifo.job_attempt WHERE job_id = {stuck} AND attempt = 1"
+        ))
+        .await;
+    println!("the stuck first attempt held its group {held_ms} ms");
+    assert!(
+        (300..1_300).contains(&held_ms),
+        "the first attempt held the group {held_ms} ms"
+    );
     // The group went on only after its head was done.
     assert_eq!(
         db.scalar(&format!(

@@ -55,8 +55,10 @@ impl<'a> JobContext<'a> {
     /// issue `COMMIT` or `ROLLBACK` on it yourself.
     ///
     /// Taking the connection also tells the runner that this job's writes
-    /// are in the transaction: it then commits the job on its own instead of
-    /// together with other short jobs (see `RunnerConfig::max_batch`).
+    /// are in the transaction: it ends the transaction's batch, so the job
+    /// commits together with the short jobs run before it in that
+    /// transaction (which took no connection, so wrote nothing) but never
+    /// with another job's writes (see `RunnerConfig::max_batch`).
     pub fn conn(&mut self) -> &mut AsyncPgConnection {
         self.used_conn = true;
         self.conn

@@ -178,6 +178,19 @@ impl NewJob {
                     "unique_key must be 1 to {MAX_GROUP_LEN} bytes"
                 )));
             }
+            if key.contains('\0') {
+                return Err(Error::InvalidOption(
+                    "unique_key contains a NUL character (\\u0000), which PostgreSQL text cannot hold"
+                        .into(),
+                ));
+            }
+        }
+        if let Some(path) = nul_in(&payload, &mut String::new()) {
+            return Err(Error::InvalidOption(format!(
+                "the payload of {} contains a NUL character (\\u0000) at {path}, which PostgreSQL \
+                 jsonb cannot hold: encode it (e.g. base64) or drop it",
+                defaults.kind
+            )));
         }
         let run_at_us = options.run_at.map(micros_since_epoch).transpose()?;
         let delay_us = options
@@ -239,6 +252,39 @@ pub async fn enqueue_batch(
     Ok(db::enqueue::enqueue(conn, arrays).await?)
 }
 
+/// Where in `value` a string (or an object key) holds a NUL character, as a
+/// path like `$.items[2].name`; `None` if nowhere. (jsonb rejects
+/// `\u0000`.)
+fn nul_in(value: &serde_json::Value, path: &mut String) -> Option<String> {
+    use serde_json::Value;
+    fn shown(path: &str) -> String {
+        format!("${path}")
+    }
+    match value {
+        Value::String(s) if s.contains('\0') => Some(shown(path)),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            let found = nul_in(item, path);
+            path.truncate(len);
+            found
+        }),
+        Value::Object(fields) => fields.iter().find_map(|(key, item)| {
+            let len = path.len();
+            path.push('.');
+            path.push_str(key);
+            let found = if key.contains('\0') {
+                Some(shown(path))
+            } else {
+                nul_in(item, path)
+            };
+            path.truncate(len);
+            found
+        }),
+        _ => None,
+    }
+}
+
 fn micros_since_epoch(at: SystemTime) -> Result<i64> {
     let micros = at
         .duration_since(UNIX_EPOCH)
@@ -246,4 +292,22 @@ fn micros_since_epoch(at: SystemTime) -> Result<i64> {
         .as_micros();
     i64::try_from(micros)
         .map_err(|_| Error::InvalidOption("run_at is too far in the future".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nul_in;
+    use serde_json::json;
+
+    #[test]
+    fn a_nul_anywhere_in_a_payload_is_found_with_its_path() {
+        let find = |v: serde_json::Value| nul_in(&v, &mut String::new());
+        assert_eq!(find(json!({"a": [1, {"b": "ok"}]})), None);
+        assert_eq!(find(json!("x\u{0}y")), Some("$".into()));
+        assert_eq!(
+            find(json!({"items": [{"name": "a"}, {"name": "b\u{0}"}]})),
+            Some("$.items[1].name".into())
+        );
+        assert_eq!(find(json!({"k\u{0}": 1})), Some("$.k\u{0}".into()));
+    }
 }

@@ -386,8 +386,8 @@ pub(crate) async fn drain_and_check(
         "jobs={JOBS} groups={GROUPS} processes={} overlaps={} order_violations={} duplicates={duplicates} lost={lost} \
          runs={} attempts={attempts} per_process={per_process:?} handoffs={handoffs} peak_parallel={peak} \
          drain={drained:.2?} total={:.2?}",
-        overlaps.len(),
         drain.processes,
+        overlaps.len(),
         order_violations.len() + committed_order_violations,
         runs.len(),
         began.elapsed(),

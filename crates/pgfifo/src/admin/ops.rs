@@ -349,19 +349,18 @@ pub async fn purge(
     older_than: Duration,
     states: &[FinishedState],
 ) -> Result<u64> {
-    pinned(conn, async |conn| {
-        let mut total = 0;
-        let mut after = 0;
-        loop {
-            let batch = purge_batch(conn, older_than, states, after, PURGE_BATCH).await?;
-            total += batch.deleted;
-            after = batch.last_id;
-            if batch.done {
-                return Ok(total);
-            }
+    // Not pinned as a whole: each batch is a short transaction of its own
+    // (`purge_batch` pins itself through a transaction-mode pooler).
+    let mut total = 0;
+    let mut after = 0;
+    loop {
+        let batch = purge_batch(conn, older_than, states, after, PURGE_BATCH).await?;
+        total += batch.deleted;
+        after = batch.last_id;
+        if batch.done {
+            return Ok(total);
         }
-    })
-    .await
+    }
 }
 
 /// Deletes up to `limit` `queue_group` rows idle for more than `idle_for`

@@ -111,15 +111,24 @@ pub(crate) async fn act(
         "retry" => {
             let ids = fields.ids()?;
             let report = admin::retry_jobs(conn, &ids).await?;
-            let refused: Vec<String> = report
+            let (retried, refused): (Vec<_>, Vec<_>) = report
                 .iter()
-                .filter(|r| r.result != RetryResult::Retried)
-                .map(|r| format!("job {}: {}", r.id, retry_refusal(r.result)))
-                .collect();
+                .partition(|r| r.result == RetryResult::Retried);
             if !refused.is_empty() {
+                // Some lost a race: say which, and what was done.
+                let refused: Vec<String> = refused
+                    .iter()
+                    .map(|r| format!("job {}: {}", r.id, retry_refusal(r.result)))
+                    .collect();
+                let done = if retried.is_empty() {
+                    "nothing was retried".to_owned()
+                } else {
+                    let ids: Vec<String> = retried.iter().map(|r| r.id.to_string()).collect();
+                    format!("retried: {}", ids.join(", "))
+                };
                 return Err(Fail {
                     status: StatusCode::CONFLICT,
-                    message: format!("not retried: {}", refused.join("; ")),
+                    message: format!("{done}; not retried: {}", refused.join("; ")),
                 });
             }
             Ok(see_other(

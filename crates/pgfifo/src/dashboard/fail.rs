@@ -80,7 +80,7 @@ impl IntoResponse for Fail {
             _ => "Error",
         };
         let body = layout(
-            "",
+            &super::base::current(),
             title,
             html! {
                 h1 { (title) }

@@ -35,6 +35,7 @@
 //! them.
 
 mod actions;
+mod base;
 mod chart;
 mod fail;
 mod html;
@@ -97,5 +98,6 @@ pub fn router_with(pool: Pool, config: DashboardConfig) -> Router {
         .route("/actions/{action}", post(actions::act))
         .fallback(pages::not_found)
         .layer(axum::middleware::from_fn(security::csrf_cookie))
+        .layer(axum::middleware::from_fn(base::with_base))
         .with_state(shared)
 }

@@ -183,6 +183,32 @@ impl Access {
     }
 }
 
+/// Middleware for a dashboard open to whoever reaches a loopback address:
+/// only requests whose `Host` names the loopback interface on `port` are
+/// answered (421 otherwise). A web page elsewhere cannot make the browser
+/// talk to it under another name (DNS rebinding) and read or act as the
+/// dashboard's own origin.
+pub(crate) async fn loopback_host_only(port: u16, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let (name, given_port) = match host.rsplit_once(':') {
+        Some((name, p)) if !name.ends_with(':') || name.starts_with('[') => (name, p.parse().ok()),
+        _ => (host, Some(80)),
+    };
+    let loopback = matches!(name, "127.0.0.1" | "localhost" | "[::1]");
+    if loopback && given_port == Some(port) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        "this dashboard answers only to 127.0.0.1, localhost or [::1] on its own port\n",
+    )
+        .into_response()
+}
+
 /// Standard base64 (with or without padding); `None` if it is not.
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
     fn value(c: u8) -> Option<u32> {

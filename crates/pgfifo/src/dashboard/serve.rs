@@ -37,7 +37,9 @@ pub(crate) fn check_exposure(
 
 /// Serves the dashboard on `addr` until `shutdown` completes. Refuses an
 /// address other machines can reach unless `access` asks for credentials or
-/// the dashboard is read-only. Calls `ready` with the bound address (useful
+/// the dashboard is read-only. Open on a loopback address, it answers only
+/// requests whose `Host` is `127.0.0.1`, `localhost` or `[::1]` on its port
+/// (against DNS rebinding). Calls `ready` with the bound address (useful
 /// with port 0) before it serves.
 pub async fn serve(
     pool: Pool,
@@ -48,13 +50,21 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     check_exposure(addr, &access, &config)?;
-    let app = router_with(pool, config).layer(axum::middleware::from_fn(move |request, next| {
-        access.clone().require(request, next)
-    }));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ServeError::Io(addr, e))?;
     let bound = listener.local_addr().map_err(|e| ServeError::Io(addr, e))?;
+    let open_loopback = access == Access::Open && bound.ip().is_loopback();
+    let mut app =
+        router_with(pool, config).layer(axum::middleware::from_fn(move |request, next| {
+            access.clone().require(request, next)
+        }));
+    if open_loopback {
+        let port = bound.port();
+        app = app.layer(axum::middleware::from_fn(move |request, next| {
+            super::security::loopback_host_only(port, request, next)
+        }));
+    }
     ready(bound);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use diesel::sql_types::{Array, BigInt, Bool, Double, Jsonb, Nullable, Text};
 use diesel::QueryableByName;
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use super::pooler::pinned;
 
@@ -118,9 +118,10 @@ pub(crate) async fn try_session_lock(
 }
 
 /// Adds jobs finished to the current minute's row of each queue
-/// (`pgfifo.queue_minute`), and deletes its rows older than two hours.
-/// `finished` is `(queue, succeeded, failed)`, in queue order so that
-/// runners lock the rows in one order.
+/// (`pgfifo.queue_minute`), and deletes its rows older than two hours, in
+/// one transaction (so that counts put back after a failure are never
+/// counted twice). `finished` is `(queue, succeeded, failed)`, sorted here
+/// by queue so that runners lock the rows in one order.
 pub(crate) async fn record_finished(
     conn: &mut AsyncPgConnection,
     finished: &[(String, i64, i64)],
@@ -130,7 +131,7 @@ pub(crate) async fn record_finished(
     let queues: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     let succeeded: Vec<i64> = rows.iter().map(|r| r.1).collect();
     let failed: Vec<i64> = rows.iter().map(|r| r.2).collect();
-    pinned(conn, async |conn| {
+    conn.transaction(async |conn| {
         diesel::sql_query(
             "INSERT INTO pgfifo.queue_minute AS m (queue, minute, succeeded, failed)
              SELECT t.q, date_trunc('minute', now()), t.s, t.f

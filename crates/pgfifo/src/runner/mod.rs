@@ -216,6 +216,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         interval: config.heartbeat_interval,
         metrics: metrics.clone(),
         schedules: scheduler::declarations(&schedules),
+        chart_failing: Default::default(),
     };
     tracker.spawn(heartbeat.run(service.clone()));
     if !schedules.is_empty() {

@@ -73,9 +73,9 @@ fn actions(ctx: &Ctx, queue: &str, info: &GroupInfo) -> Markup {
                 (form.button("retry", &[("id", head.clone()), ("queue", queue.to_owned()), ("group", info.group.clone())],
                     "Retry head", &format!("Retry job {head}? It runs next in its group."), false))
             }
-            @if matches!(info.state, GroupState::Held | GroupState::Retrying | GroupState::Ready | GroupState::Scheduled) {
+            @if matches!(info.state, GroupState::Held | GroupState::Retrying) {
                 (form.button("skip-head", &fields, "Skip head",
-                    &format!("Skip job {head}? It is cancelled and the group goes on with its next job."), true))
+                    &format!("Skip job {head}? It is marked failed (kept, and retryable later) and the group goes on with its next job."), true))
             }
             @if info.state == GroupState::Paused {
                 (form.button("resume-group", &fields, "Resume group", &format!("Resume group {}?", info.group), false))

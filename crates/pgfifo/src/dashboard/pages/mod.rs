@@ -9,10 +9,11 @@ pub(crate) mod overview;
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, OriginalUri};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use maud::Markup;
 
+use super::base::Base;
 use super::fail::Fail;
 use super::html::{layout, ActionForm};
 use super::security::CsrfToken;
@@ -32,21 +33,11 @@ impl FromRequestParts<Arc<Shared>> for Ctx {
     type Rejection = Fail;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<Shared>) -> Result<Ctx, Fail> {
-        let inner = parts.uri.path().to_owned();
-        let original = parts
+        let base = parts
             .extensions
-            .get::<OriginalUri>()
-            .map_or_else(|| inner.clone(), |uri| uri.0.path().to_owned());
-        // Nested under a prefix, the router sees the path without it.
-        let base = if inner == "/" {
-            original.trim_end_matches('/').to_owned()
-        } else {
-            original
-                .strip_suffix(&inner)
-                .unwrap_or("")
-                .trim_end_matches('/')
-                .to_owned()
-        };
+            .get::<Base>()
+            .map(|b| b.0.clone())
+            .unwrap_or_default();
         let token = parts
             .extensions
             .get::<CsrfToken>()

@@ -46,9 +46,16 @@ use crate::db::PooledConnection;
 
 type Tm = AnsiTransactionManager;
 
-/// How long the rollback of a handler that was cut off may wait for the
-/// handler's last statement before that statement is cancelled on the server.
+/// How long the rollback of a handler that ended by itself may take before
+/// whatever still runs on the server is cancelled.
 const ROLLBACK_PATIENCE: Duration = Duration::from_secs(2);
+/// The same for a handler that was cut off (its timeout, a panic, shutdown):
+/// its last statement is done or stuck, and a stuck one is cancelled almost
+/// at once, so that the group is free soon after the timeout. (A cancel
+/// that finds the session idle is ignored by the server; one that lands on
+/// the rollback itself fails it, and the lane gives the connection up,
+/// which aborts the transaction: the job runs again.)
+const CUT_OFF_PATIENCE: Duration = Duration::from_millis(50);
 /// How long to wait after cancelling before giving the connection up.
 const CANCEL_PATIENCE: Duration = Duration::from_secs(5);
 /// How long [`JobConn::abandon`] waits for its rollback.
@@ -220,9 +227,14 @@ impl JobConn {
             // of the handler was cut off mid-flight: a broken connection.)
             .catch_unwind();
         let mut rollback = pin!(rollback);
+        let patience = if cut_off {
+            CUT_OFF_PATIENCE
+        } else {
+            ROLLBACK_PATIENCE
+        };
         let result = tokio::select! {
             result = &mut rollback => result,
-            () = tokio::time::sleep(ROLLBACK_PATIENCE) => {
+            () = tokio::time::sleep(patience) => {
                 tracing::warn!(backend_pid, "the handler's statement is still running; cancelling it");
                 lanes.bookkeeper.cancel_backend(backend_pid).await;
                 match tokio::time::timeout(CANCEL_PATIENCE, &mut rollback).await {

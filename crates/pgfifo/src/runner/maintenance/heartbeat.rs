@@ -1,6 +1,7 @@
 //! The runner's heartbeat row in `pgfifo.runner`: written at start and every
 //! interval with the jobs running now, deleted on shutdown.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,8 @@ pub(crate) struct Heartbeat {
     /// with the heartbeat so that a schedule no live runner declares shows
     /// as stale.
     pub schedules: serde_json::Value,
+    /// Recording finished jobs failed last time (it was said once).
+    pub chart_failing: AtomicBool,
 }
 
 impl Heartbeat {
@@ -62,7 +65,7 @@ impl Heartbeat {
         }
         let farewell = async {
             let mut conn = pooled(&self.pool, FAREWELL_PATIENCE).await?;
-            self.record_finished(&mut conn).await?;
+            self.record_finished(&mut conn).await;
             db::maintenance::delete_runner(&mut conn, &self.name).await?;
             Ok::<(), crate::Error>(())
         };
@@ -76,17 +79,25 @@ impl Heartbeat {
     }
 
     /// Adds the jobs finished since the last heartbeat to the per-minute
-    /// counts the dashboard charts; on failure they wait for the next one.
-    async fn record_finished(&self, conn: &mut AsyncPgConnection) -> Result<()> {
+    /// counts the dashboard charts. A failure only costs the chart: it is
+    /// logged (at debug level after the first), the counts wait for the next
+    /// heartbeat, and the heartbeat itself goes on.
+    async fn record_finished(&self, conn: &mut AsyncPgConnection) {
         let finished = self.metrics.take_finished();
         if finished.is_empty() {
-            return Ok(());
+            return;
         }
-        if let Err(err) = db::maintenance::record_finished(conn, &finished).await {
-            self.metrics.unfinish(&finished);
-            return Err(err.into());
+        match db::maintenance::record_finished(conn, &finished).await {
+            Ok(()) => self.chart_failing.store(false, Ordering::Relaxed),
+            Err(err) => {
+                self.metrics.unfinish(&finished);
+                if !self.chart_failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %err, "pgfifo: could not record finished jobs for the dashboard's chart; retrying with each heartbeat");
+                } else {
+                    tracing::debug!(error = %err, "pgfifo: recording finished jobs still fails");
+                }
+            }
         }
-        Ok(())
     }
 
     /// One heartbeat: upserts the runner's row with the running counts, and
@@ -104,7 +115,7 @@ impl Heartbeat {
             schedules: &self.schedules,
         };
         let beat = db::maintenance::beat(&mut conn, row).await?;
-        self.record_finished(&mut conn).await?;
+        self.record_finished(&mut conn).await;
         if starting {
             // Rows of runners that died without shutting down (killed,
             // crashed) stay behind; status ignores them once stale. Clear out
