@@ -22,6 +22,7 @@ mod upgrade;
 mod atomicity;
 mod batch_functions;
 mod batching;
+mod burst;
 mod contention;
 mod crashes;
 mod exclusivity_fifo;
