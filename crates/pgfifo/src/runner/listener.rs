@@ -97,12 +97,22 @@ async fn poll(listener: &Listener, service: &CancellationToken) {
             () = tokio::time::sleep(listener.poll_interval) => {}
             () = service.cancelled() => return,
         }
-        let round = async {
-            let mut conn = pooled(&listener.pool, listener.poll_interval)
-                .await
-                .map_err(|e| e.to_string())?;
-            promote_and_wake(listener, &mut conn, false).await
+        let mut conn = match pooled(&listener.pool, listener.poll_interval).await {
+            Ok(conn) => conn,
+            // Every connection is in use: the lanes are working, and they
+            // promote on their own when they run out of work. Skip a beat.
+            Err(crate::Error::Pool(bb8::RunError::TimedOut)) => {
+                tracing::debug!("pgfifo: the pool is busy; skipping a poll");
+                continue;
+            }
+            Err(err) => {
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(error = %err, "pgfifo: polling for new work failed; retrying every poll");
+                }
+                continue;
+            }
         };
+        let round = promote_and_wake(listener, &mut conn, false);
         match round.await {
             Ok(()) if std::mem::take(&mut failing) => {
                 tracing::info!("pgfifo: polling for new work works again");
