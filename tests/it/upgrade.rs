@@ -423,3 +423,41 @@ async fn a_0_1_0_runner_keeps_working_through_migrate_and_beside_a_new_runner() 
         0
     );
 }
+
+/// Going back: `migrate down` to 0.1.0's schema keeps this release's
+/// functions, and a 0.1.0 runner goes on with them. Group controls' tables
+/// go with their migration; the functions that look for them do without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_migrate_down_a_0_1_0_runner_works_with_this_releases_functions() {
+    let db = TestDb::new().await;
+    let mut conn = db.direct().await;
+    let slow = pgfifo::GroupLimits::new().rate(pgfifo::Rate::per_minute(1).unwrap());
+    admin::set_group_limits(&mut conn, "upgrade", "r", slow)
+        .await
+        .unwrap();
+    let since_0_1_0 = (migrate::latest_version() - 2) as usize;
+    migrate::rollback(&mut conn, since_0_1_0).await.unwrap();
+    let gone = db
+        .scalar("SELECT (to_regclass('pgfifo.group_control') IS NULL)::int")
+        .await;
+    assert_eq!(gone, 1);
+
+    let first = old::enqueue(&mut conn, &job("upgrade", "r", 1)).await;
+    let second = old::enqueue(&mut conn, &job("upgrade", "r", 2)).await;
+    let mut runner = OldRunner::connect(&db.url, "old-after-down").await;
+    let taken = runner.take(&["upgrade"]).await.expect("the first job");
+    assert_eq!(taken.id, first);
+    runner.finish(&taken, "succeeded", None, None).await;
+    // No rate limit any more: the next job is there at once, and a retry
+    // goes through the same functions.
+    let taken = runner.take(&["upgrade"]).await.expect("the second job");
+    assert_eq!(taken.id, second);
+    runner
+        .finish(&taken, "retry", Some("once"), Some(Duration::ZERO))
+        .await;
+    let taken = runner.take(&["upgrade"]).await.expect("its retry");
+    assert_eq!((taken.id, taken.attempt), (second, 2));
+    runner.finish(&taken, "succeeded", None, None).await;
+    assert_eq!(state_of(&db, first).await, "succeeded");
+    assert_eq!(state_of(&db, second).await, "succeeded");
+}

@@ -1,9 +1,9 @@
-//! What a handler can report when it fails: retry (later), fail for good,
-//! or cancel.
+//! What a handler can report when it does not succeed: retry (later), fail
+//! for good, cancel, or snooze its group.
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// How a failed run should be treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +18,12 @@ pub enum FailureKind {
     Permanent,
     /// Stop the job: it is marked `cancelled` and its group goes on.
     Cancel,
+    /// Put the job back at the head of its group and start nothing of the
+    /// group for this long; the attempt does not count.
+    Snooze {
+        /// How long the group sleeps.
+        duration: Duration,
+    },
 }
 
 /// A handler's failure: an error message plus what to do about it.
@@ -72,6 +78,48 @@ impl JobError {
             kind: FailureKind::Cancel,
             source: reason.into(),
         }
+    }
+
+    /// Snoozes the job's group for `duration` (at most a year): the job goes
+    /// back to the head of its group, its attempt does not count towards
+    /// `max_attempts`, and no job of the group starts until the time has
+    /// passed. Status shows the group as "snoozed until T, by job J". An
+    /// ungrouped job is snoozed alone.
+    ///
+    /// For a handler that learns the group cannot make progress for a
+    /// while: the tenant's upstream is throttled, its account is being
+    /// migrated. What the handler wrote through the job's connection is
+    /// discarded, as for a failure.
+    ///
+    /// ```
+    /// # use pgfifo::JobError;
+    /// # use std::time::Duration;
+    /// fn throttled(retry_after_secs: u64) -> JobError {
+    ///     JobError::snooze(Duration::from_secs(retry_after_secs), "upstream throttled the tenant")
+    /// }
+    /// # let _ = throttled(30);
+    /// ```
+    pub fn snooze(
+        duration: Duration,
+        reason: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self {
+            kind: FailureKind::Snooze { duration },
+            source: reason.into(),
+        }
+    }
+
+    /// Snoozes the job's group until `until`, read on this process's clock
+    /// now (an instant that has passed snoozes for no time). See
+    /// [`snooze`](Self::snooze).
+    pub fn snooze_until(
+        until: SystemTime,
+        reason: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        let duration = until
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        Self::snooze(duration, reason)
     }
 
     /// What the runner does with this failure.

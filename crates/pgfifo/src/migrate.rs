@@ -85,6 +85,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0005_throughput/up.sql"),
         down: include_str!("../migrations/0005_throughput/down.sql"),
     },
+    Migration {
+        version: 6,
+        name: "group_controls",
+        release: "0.2.0",
+        up: include_str!("../migrations/0006_group_controls/up.sql"),
+        down: include_str!("../migrations/0006_group_controls/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.
@@ -106,6 +113,7 @@ macro_rules! function_sources {
 pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "00_helpers.sql",
     "10_enqueue.sql",
+    "15_controls.sql",
     "20_promote.sql",
     "30_advance_head.sql",
     "40_pick.sql",

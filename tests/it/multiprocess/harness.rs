@@ -28,10 +28,10 @@ const CONCURRENCY: usize = 8;
 /// databases of their own, where no `mp` job exists.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(kind = "mp.job", queue = "mp")]
-struct MpJob {
-    group: u32,
-    seq: u32,
-    work_us: u64,
+pub(crate) struct MpJob {
+    pub group: u32,
+    pub seq: u32,
+    pub work_us: u64,
 }
 
 #[async_trait]
@@ -43,7 +43,7 @@ impl Handler for MpJob {
     }
 }
 
-const MP_LOG: &str = "CREATE TABLE mp_log (
+pub(crate) const MP_LOG: &str = "CREATE TABLE mp_log (
     job_id bigint NOT NULL, grp integer NOT NULL, seq integer NOT NULL, pid integer NOT NULL,
     started_ns bigint NOT NULL, ended_ns bigint NOT NULL)";
 
@@ -76,7 +76,7 @@ struct Worker {
 /// The worker processes, killed (SIGKILL) if the test ends before they
 /// exited, whether it failed or not. Their records are kept for inspection
 /// when the test failed and removed otherwise.
-struct Workers {
+pub(crate) struct Workers {
     procs: Vec<Worker>,
     dir: PathBuf,
 }
@@ -103,7 +103,7 @@ impl Drop for Workers {
 impl Workers {
     /// Starts `n` workers on `url` (with `env` added to their environment)
     /// and waits until each has its runner going.
-    async fn start(n: usize, url: &str, env: &[(&str, &str)]) -> Workers {
+    pub(crate) async fn start(n: usize, url: &str, env: &[(&str, &str)]) -> Workers {
         let dir = std::env::temp_dir().join(format!(
             "pgfifo-multiprocess-{}-{}",
             std::process::id(),
@@ -186,7 +186,16 @@ impl Workers {
     }
 
     /// Panics if a worker has exited.
-    fn assert_running(&mut self) {
+    /// Every handler run the workers recorded so far.
+    pub(crate) fn runs(&self) -> Vec<Run> {
+        let mut runs = Vec::new();
+        for w in &self.procs {
+            runs.extend(records::read_runs(&w.records).unwrap());
+        }
+        runs
+    }
+
+    pub(crate) fn assert_running(&mut self) {
         for (i, w) in self.procs.iter_mut().enumerate() {
             if let Ok(Some(status)) = w.child.try_wait() {
                 panic!("worker {i} (pid {}) exited early: {status}", w.child.id());
@@ -196,7 +205,7 @@ impl Workers {
 
     /// Sends SIGTERM to every worker, waits for each to drain and exit 0, and
     /// returns their stdout and stderr lines.
-    async fn terminate(&mut self) -> Vec<Output> {
+    pub(crate) async fn terminate(&mut self) -> Vec<Output> {
         for w in &self.procs {
             let status = Command::new("kill")
                 .arg("-TERM")

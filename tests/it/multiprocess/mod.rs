@@ -15,6 +15,7 @@
 //! The same drain runs through PgBouncer in `pooler.rs`.
 
 pub(crate) mod harness;
+mod rate;
 
 use pgfifo_tests::TestDb;
 

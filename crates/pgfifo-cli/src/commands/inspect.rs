@@ -24,7 +24,9 @@ pub async fn groups(
             let which = if query.blocked_only { "blocked " } else { "" };
             return format!("no {which}groups in queue {queue}");
         }
-        let mut table = Table::new(&["GROUP", "STATE", "BACKLOG", "HEAD", "HEAD AGE", "DETAIL"]);
+        let mut table = Table::new(&[
+            "GROUP", "STATE", "BACKLOG", "HEAD", "HEAD AGE", "LIMIT", "TOKENS", "DETAIL",
+        ]);
         for g in groups {
             table.row(vec![
                 g.group.clone(),
@@ -32,6 +34,8 @@ pub async fn groups(
                 g.backlog.to_string(),
                 or_dash(g.head),
                 or_dash(g.head_age.map(admin::human)),
+                limit_of(g),
+                or_dash(g.tokens.map(|t| format!("{:.1}", t.max(0.0)))),
                 group_detail(g),
             ]);
         }
@@ -42,6 +46,18 @@ pub async fn groups(
         }
         text
     })
+}
+
+/// A group's rate limit: `10/s burst 20`, with `(own)` when set for the
+/// group rather than by its queue's defaults.
+fn limit_of(g: &GroupInfo) -> String {
+    match g.rate {
+        Some(rate) => {
+            let own = if g.own_limits { " (own)" } else { "" };
+            format!("{rate} burst {}{own}", g.burst.unwrap_or(rate.count()))
+        }
+        None => "-".to_owned(),
+    }
 }
 
 /// Why a group is blocked or waiting, in a few words.
@@ -64,6 +80,14 @@ fn group_detail(g: &GroupInfo) -> String {
         GroupState::Paused => format!("paused since {}", or_dash(g.paused_at.map(time))),
         GroupState::Scheduled => {
             format!("scheduled for {}", or_dash(g.waiting_until.map(time)))
+        }
+        GroupState::Snoozed => format!(
+            "snoozed until {}, by job {}",
+            or_dash(g.snoozed_until.map(time)),
+            or_dash(g.head)
+        ),
+        GroupState::RateLimited => {
+            format!("next token at {}", or_dash(g.waiting_until.map(time)))
         }
         GroupState::Idle | GroupState::Ready | GroupState::Running => String::new(),
     }

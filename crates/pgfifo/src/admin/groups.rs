@@ -6,12 +6,13 @@ use std::time::{Duration, SystemTime};
 use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
+use super::controls::{rate_of, ser_opt_rate};
 use super::time::{age_from_micros, from_micros, ser_opt_secs, ser_opt_time};
 use crate::db;
 use crate::db::admin::inspect::{GroupFilter, GroupRow};
 use crate::db::pooler::pinned;
 use crate::names::{validate_group, validate_queue};
-use crate::{Error, JobId, Result};
+use crate::{Error, JobId, Rate, Result};
 
 /// Where a group stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -33,6 +34,12 @@ pub enum GroupState {
     Held,
     /// Blocked: paused by an operator.
     Paused,
+    /// Blocked: its head snoozed the group ([`JobError::snooze`](crate::JobError::snooze))
+    /// until [`GroupInfo::snoozed_until`].
+    Snoozed,
+    /// Its head may start when the group's next token is due
+    /// ([`GroupInfo::waiting_until`]): its rate limit's bucket is empty.
+    RateLimited,
 }
 
 impl GroupState {
@@ -40,7 +47,7 @@ impl GroupState {
     pub fn is_blocked(self) -> bool {
         matches!(
             self,
-            GroupState::Retrying | GroupState::Held | GroupState::Paused
+            GroupState::Retrying | GroupState::Held | GroupState::Paused | GroupState::Snoozed
         )
     }
 }
@@ -71,6 +78,20 @@ pub struct GroupInfo {
     /// When the group was paused.
     #[serde(serialize_with = "ser_opt_time")]
     pub paused_at: Option<SystemTime>,
+    /// Until when its head snoozed it (while it sleeps); the head is the
+    /// job that snoozed.
+    #[serde(serialize_with = "ser_opt_time")]
+    pub snoozed_until: Option<SystemTime>,
+    /// Its rate limit: its own, else its queue's default (`None`: none).
+    #[serde(serialize_with = "ser_opt_rate")]
+    pub rate: Option<Rate>,
+    /// Its burst (with a rate limit).
+    pub burst: Option<u32>,
+    /// Tokens in its bucket now (with a rate limit): a start takes one.
+    pub tokens: Option<f64>,
+    /// Whether limits of its own are set (`pgfifo group set`), rather than
+    /// only its queue's defaults.
+    pub own_limits: bool,
 }
 
 /// The order [`groups`] lists groups in.
@@ -100,7 +121,7 @@ pub struct GroupQuery {
     /// With [`GroupOrder::Backlog`]: groups after the one with this backlog
     /// and the name in [`after`](Self::after) (for paging).
     pub after_backlog: Option<i64>,
-    /// Only groups that are blocked (paused, held, retrying).
+    /// Only groups that are blocked (paused, held, retrying, snoozed).
     pub blocked_only: bool,
     /// Groups after this one in name order (for paging).
     pub after: Option<String>,
@@ -119,8 +140,13 @@ fn state_of(row: &GroupRow) -> GroupState {
         (None, _) => GroupState::Idle,
         (Some(_), false) => GroupState::Held,
         (Some(_), true) if row.head_started => GroupState::Running,
+        (Some(_), true) if row.waiting && row.snoozed_until_us.is_some() => GroupState::Snoozed,
         (Some(_), true) if row.waiting && row.head_attempts.unwrap_or(0) > 0 => {
             GroupState::Retrying
+        }
+        // (Tokens a hair under one: the next is due within a microsecond.)
+        (Some(_), true) if row.waiting && row.tokens.is_some_and(|t| t < 1.0 - 1e-9) => {
+            GroupState::RateLimited
         }
         (Some(_), true) if row.waiting => GroupState::Scheduled,
         (Some(_), true) => GroupState::Ready,
@@ -192,9 +218,17 @@ fn info(row: GroupRow) -> GroupInfo {
     let state = state_of(&row);
     let has_head = row.head_state.is_some();
     GroupInfo {
-        waiting_until: matches!(state, GroupState::Retrying | GroupState::Scheduled)
-            .then(|| row.ready_at_us.map(from_micros))
-            .flatten(),
+        waiting_until: matches!(
+            state,
+            GroupState::Retrying | GroupState::Scheduled | GroupState::RateLimited
+        )
+        .then(|| row.ready_at_us.map(from_micros))
+        .flatten(),
+        snoozed_until: row.snoozed_until_us.map(from_micros),
+        rate: rate_of(row.rate_count, row.rate_period_ms),
+        burst: row.burst.map(|b| b as u32),
+        tokens: row.tokens,
+        own_limits: row.own_limits,
         head_error: matches!(state, GroupState::Retrying | GroupState::Held)
             .then(|| row.head_error.clone())
             .flatten(),

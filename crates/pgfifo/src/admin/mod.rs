@@ -19,6 +19,7 @@
 //! | cancel a job, skip a group's head | [`cancel_job`], [`skip_head`] |
 //! | pause and resume a queue or one group | [`pause_queue`], [`pause_group`], … |
 //! | failure policy of a queue | [`set_failure_policy`] |
+//! | rate limits per group, and a queue's defaults | [`set_group_limits`], [`set_default_group_limits`], [`reset_group_limits`], [`limits`] |
 //! | delete old finished jobs, idle groups | [`purge`], [`clean_groups`] |
 //! | recurring jobs: list, recent ticks, pause, resume, delete | [`schedules`], [`schedule_ticks`], [`pause_schedule`], [`resume_schedule`], [`delete_schedule`] |
 //!
@@ -37,6 +38,7 @@
 //! # }
 //! ```
 
+mod controls;
 mod groups;
 mod jobs;
 mod ops;
@@ -45,6 +47,10 @@ mod schedules;
 mod status;
 mod time;
 
+pub use controls::{
+    limits, reset_default_group_limits, reset_group_limits, set_default_group_limits,
+    set_group_limits, SetLimits,
+};
 pub use groups::{group, groups, GroupInfo, GroupOrder, GroupQuery, GroupState};
 pub use jobs::{
     group_history, job, jobs, AttemptInfo, JobDetail, JobQuery, JobStateFilter, JobStatus,

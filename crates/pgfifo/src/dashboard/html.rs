@@ -137,6 +137,8 @@ pub(crate) fn group_badge(state: GroupState) -> Markup {
         GroupState::Retrying => "retrying",
         GroupState::Held => "held",
         GroupState::Paused => "paused",
+        GroupState::Snoozed => "snoozed",
+        GroupState::RateLimited => "rate-limited",
     };
     html! { span class={ "badge " (name) } { (name) } }
 }

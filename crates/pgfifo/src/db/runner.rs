@@ -293,6 +293,8 @@ pub(crate) enum Completed {
     Retry,
     Failed,
     Cancelled,
+    /// Snoozed its group; stays its head, the attempt forgotten.
+    Snoozed,
 }
 
 impl Completed {
@@ -302,6 +304,7 @@ impl Completed {
             Completed::Retry => "retry",
             Completed::Failed => "failed",
             Completed::Cancelled => "cancelled",
+            Completed::Snoozed => "snoozed",
         }
     }
 }
@@ -314,7 +317,7 @@ pub(crate) struct Completion<'a> {
     pub state: Completed,
     pub error: Option<&'a str>,
     pub result: Option<&'a serde_json::Value>,
-    /// For a retry: in how many microseconds it is due.
+    /// For a retry or a snooze: in how many microseconds it is due.
     pub retry_delay_us: Option<i64>,
 }
 

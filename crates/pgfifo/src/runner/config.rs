@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::maintenance::Retention;
 use crate::admin::RUNNER_ALIVE;
 use crate::schedule::Schedule;
-use crate::{Error, Result};
+use crate::{Error, GroupLimits, Result};
 
 /// How a runner works. Start from `RunnerConfig::default()` and adjust:
 ///
@@ -103,6 +103,9 @@ pub struct RunnerConfig {
     /// Recurring jobs this runner declares and fires (default none); add
     /// them with [`schedule`](Self::schedule).
     pub schedules: Vec<Schedule>,
+    /// Default limits for the groups of a queue, written to the database at
+    /// start (see [`group_limits`](Self::group_limits)).
+    pub group_limits: Vec<(String, GroupLimits)>,
     /// A URL straight to PostgreSQL, for what a transaction-mode pooler
     /// cannot carry: the LISTEN connection and retention's session lock.
     /// Only read when the pool's connections go through such a pooler
@@ -166,6 +169,7 @@ impl Default for RunnerConfig {
             max_batch: 16,
             batch_window: Duration::from_millis(25),
             schedules: Vec::new(),
+            group_limits: Vec::new(),
             direct_url: None,
         }
     }
@@ -269,6 +273,27 @@ impl RunnerConfig {
         self
     }
 
+    /// Sets the default limits for the groups of `queue` (those without
+    /// limits of their own), such as a rate limit per tenant. They live in
+    /// the database, where every runner reads them: this runner writes them
+    /// at start, replacing the queue's defaults (the last runner to start
+    /// wins, so give every runner the same), and an operator can change
+    /// them at run time with `pgfifo group set QUEUE --defaults ...` until
+    /// the next runner starts. Checked at start: a bad value is an
+    /// [`Error::InvalidArgument`] naming it. See `docs/group-controls.md`.
+    ///
+    /// ```
+    /// use pgfifo::{GroupLimits, Rate, RunnerConfig};
+    ///
+    /// let config = RunnerConfig::default()
+    ///     .group_limits("sync", GroupLimits::new().rate(Rate::per_second(10)?));
+    /// # Ok::<(), pgfifo::Error>(())
+    /// ```
+    pub fn group_limits(mut self, queue: impl Into<String>, limits: GroupLimits) -> Self {
+        self.group_limits.push((queue.into(), limits));
+        self
+    }
+
     /// Sets [`direct_url`](Self::direct_url).
     pub fn direct_url(mut self, url: impl Into<String>) -> Self {
         self.direct_url = Some(DirectUrl(url.into()));
@@ -305,6 +330,10 @@ impl RunnerConfig {
         }
         if self.name.is_empty() {
             return invalid("name must not be empty");
+        }
+        for (queue, limits) in &self.group_limits {
+            crate::names::validate_queue(queue)?;
+            limits.validate()?;
         }
         match &self.retention {
             Some(retention) => retention.validate(),

@@ -52,6 +52,15 @@ pub enum JobOutcome {
         /// The reason.
         reason: String,
     },
+    /// The handler snoozed the job's group ([`JobError::snooze`](crate::JobError::snooze)):
+    /// the job runs again after the delay, still its group's head, and the
+    /// attempt does not count.
+    Snoozed {
+        /// The handler's reason.
+        reason: String,
+        /// How long the group sleeps.
+        delay: Duration,
+    },
     /// Shutdown aborted the run before an outcome could be written; the job
     /// runs again later, and the attempt does not count.
     Aborted {

@@ -150,6 +150,9 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         let mut conn = pool.get().await?;
         crate::migrate::check_current(&mut conn).await?;
         scheduler::declare(&mut conn, &config.name, &schedules).await?;
+        for (queue, limits) in &config.group_limits {
+            crate::admin::set_default_group_limits(&mut conn, queue, *limits).await?;
+        }
         crate::db::pooler::is_transaction_pooled(&mut conn)
     };
     let direct_url = config.direct_url.as_ref().map(|url| url.as_str());

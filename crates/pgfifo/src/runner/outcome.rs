@@ -1,5 +1,5 @@
-//! What an attempt comes to. A handler says one of four things (success,
-//! retry, fail for good, cancel: [`JobError`]'s kinds); a job that cannot run
+//! What an attempt comes to. A handler says one of five things (success,
+//! retry, fail for good, cancel, snooze: [`JobError`]'s kinds); a job that cannot run
 //! at all fails for good. [`Done`] holds the decided [`JobOutcome`] until it
 //! commits, and is the one place that turns it into what `pgfifo.complete`
 //! writes, and into the event broadcast afterwards.
@@ -93,6 +93,10 @@ impl Done {
                 ),
             },
             FailureKind::Cancel => JobOutcome::Cancelled { reason: message },
+            FailureKind::Snooze { duration } => JobOutcome::Snoozed {
+                reason: message,
+                delay: duration.min(LONGEST_RETRY_DELAY),
+            },
             _ => JobOutcome::Failed { error: message },
         };
         Self {
@@ -108,6 +112,9 @@ impl Done {
             JobOutcome::Retrying { error, delay } => (Completed::Retry, Some(error), Some(*delay)),
             JobOutcome::Failed { error } => (Completed::Failed, Some(error), None),
             JobOutcome::Cancelled { reason } => (Completed::Cancelled, Some(reason), None),
+            // The reason is logged and broadcast, not stored: the attempt is
+            // forgotten.
+            JobOutcome::Snoozed { delay, .. } => (Completed::Snoozed, None, Some(*delay)),
             JobOutcome::Aborted { .. } => unreachable!("an aborted run has no outcome to write"),
         };
         Completion {
@@ -133,6 +140,10 @@ impl Done {
             }
             JobOutcome::Cancelled { reason } => {
                 tracing::info!(reason, "job cancelled by its handler")
+            }
+            JobOutcome::Snoozed { reason, delay } => {
+                let snooze_ms = delay.as_millis() as u64;
+                tracing::info!(reason, snooze_ms, "job snoozed its group");
             }
             JobOutcome::Aborted { reason } => tracing::warn!(reason, "job aborted"),
         }

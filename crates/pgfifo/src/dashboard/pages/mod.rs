@@ -110,6 +110,25 @@ pub(crate) fn reason(g: &GroupInfo) -> String {
             "{head} failed for good ({attempts}), policy hold: retry or skip it to release the group{error}"
         ),
         GroupState::Paused => "paused by an operator: resume it to go on".to_owned(),
+        GroupState::Snoozed => match g.snoozed_until {
+            Some(t) => format!(
+                "snoozed until {}, by {head} (in {}; no attempt used)",
+                super::html::at(t),
+                super::html::ago(super::html::until(t))
+            ),
+            None => format!("snoozed by {head}"),
+        },
+        GroupState::RateLimited => {
+            let rate = g.rate.map(|r| format!(" ({r}, burst {})", g.burst.unwrap_or(0)));
+            match g.waiting_until {
+                Some(t) => format!(
+                    "rate-limited{}: {head} starts with the next token, in {}",
+                    rate.unwrap_or_default(),
+                    super::html::ago(super::html::until(t))
+                ),
+                None => format!("rate-limited{}", rate.unwrap_or_default()),
+            }
+        }
     }
 }
 

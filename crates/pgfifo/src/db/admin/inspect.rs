@@ -1,7 +1,7 @@
 //! The statements of [`crate::admin`]'s listings: groups, jobs, one job and
 //! its attempts. Read-only: none takes a lock or changes a row.
 
-use diesel::sql_types::{BigInt, Bool, Integer, Jsonb, Nullable, SmallInt, Text};
+use diesel::sql_types::{BigInt, Bool, Double, Integer, Jsonb, Nullable, SmallInt, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
@@ -37,6 +37,21 @@ pub(crate) struct GroupRow {
     pub paused_at_us: Option<i64>,
     #[diesel(sql_type = BigInt)]
     pub backlog: i64,
+    /// Until when the head snoozed the group (only while it sleeps).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub snoozed_until_us: Option<i64>,
+    /// The group's rate limit (its own, else its queue's), and tokens now.
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub rate_count: Option<i32>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub rate_period_ms: Option<i64>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub burst: Option<i32>,
+    #[diesel(sql_type = Nullable<Double>)]
+    pub tokens: Option<f64>,
+    /// The group has limits of its own (a row in pgfifo.group_control).
+    #[diesel(sql_type = Bool)]
+    pub own_limits: bool,
 }
 
 /// The select list and joins of a [`GroupRow`] for the groups of CTE `k`
@@ -56,8 +71,15 @@ macro_rules! group_rows {
                 j.last_error AS head_error,
                 (extract(epoch FROM p.paused_at) * 1e6)::bigint AS paused_at_us,
                 (SELECT count(*) FROM pgfifo.job AS b
-                 WHERE b.queue = $1 AND b.group_id = k.group_id AND b.state = 'queued') AS backlog
+                 WHERE b.queue = $1 AND b.group_id = k.group_id AND b.state = 'queued') AS backlog,
+                CASE WHEN g.snoozed_until > now() AND g.snoozed_by = g.head_id
+                     THEN (extract(epoch FROM g.snoozed_until) * 1e6)::bigint END AS snoozed_until_us,
+                r.rate_count, r.rate_period_ms, r.burst,
+                pgfifo.group_tokens($1, k.group_id, now()) AS tokens,
+                EXISTS (SELECT 1 FROM pgfifo.group_control AS c
+                        WHERE c.queue = $1 AND c.group_id = k.group_id) AS own_limits
          FROM k
+         CROSS JOIN LATERAL pgfifo.group_rate($1, k.group_id) AS r
          LEFT JOIN pgfifo.queue_group AS g ON g.queue = $1 AND g.group_id = k.group_id
          LEFT JOIN pgfifo.job AS j ON j.id = g.head_id
          LEFT JOIN pgfifo.group_pause AS p ON p.queue = $1 AND p.group_id = k.group_id"
@@ -78,7 +100,8 @@ macro_rules! blocked_row {
             ")
               OR (g.ready_at > now() AND EXISTS (
                       SELECT 1 FROM pgfifo.job AS h
-                      WHERE h.id = g.head_id AND h.state = 'queued' AND h.attempts > 0)))"
+                      WHERE h.id = g.head_id AND h.state = 'queued' AND h.attempts > 0))
+              OR (g.snoozed_until > now() AND g.snoozed_by = g.head_id))"
         )
     };
 }
@@ -123,6 +146,7 @@ pub(crate) async fn groups(
             OR p.paused_at IS NOT NULL
             OR (g.head_id IS NOT NULL AND g.ready_at IS NULL)
             OR (g.ready_at > now() AND j.state = 'queued' AND j.attempts > 0)
+            OR (g.snoozed_until > now() AND g.snoozed_by = g.head_id)
          ORDER BY k.group_id
          LIMIT $4"
     );

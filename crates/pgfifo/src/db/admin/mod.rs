@@ -1,6 +1,7 @@
 //! The statements of [`crate::admin`]: listings, status, and the operations
 //! that change jobs and groups.
 
+pub(crate) mod controls;
 pub(crate) mod inspect;
 pub(crate) mod ops;
 pub(crate) mod status;

@@ -47,6 +47,9 @@ DECLARE
     v_next  record;
     v_locked boolean;
     v_now   timestamptz := clock_timestamp();
+    v_head_at timestamptz;
+    v_due   timestamptz;
+    v_controlled boolean;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     FOR v_wake IN
@@ -82,6 +85,11 @@ BEGIN
             CONTINUE;
         END IF;
         v_taken := v_taken + v_wake.n;
+        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
+        IF v_controlled THEN
+            v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c
+                                    WHERE c.queue = v_wake.queue);
+        END IF;
         IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
             -- Held: stays so while its head is failed and its queue holds.
             CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job AS j
@@ -103,19 +111,47 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
+        IF v_group.ready_at > v_now THEN
+            -- A head waiting for its time (scheduled, retrying, snoozed) or
+            -- for its group's next token: the time again, by the group's
+            -- limits now (they may have just changed: set_group_control
+            -- wakes waiting groups).
+            SELECT j.run_after INTO v_head_at FROM pgfifo.job AS j
+            WHERE j.id = v_group.head_id AND j.state = 'queued';
+            IF FOUND THEN
+                v_due := v_head_at;
+                IF v_controlled THEN
+                    v_due := greatest(v_due, pgfifo.token_due(v_wake.queue, v_wake.group_id, v_now));
+                END IF;
+                IF v_due <> v_group.ready_at THEN
+                    UPDATE pgfifo.queue_group SET ready_at = v_due
+                    WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+                    v_group.ready_at := v_due;
+                    IF v_due > v_now THEN
+                        ready_later_us := ready_later_us || pgfifo.micros_until(v_due, v_now);
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
         IF v_group.ready_at IS NOT NULL THEN
             -- Active: only an older job, and only before the head started.
             CONTINUE WHEN v_next.id >= v_group.head_id;
             CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
                                   WHERE a.job_id = v_group.head_id);
         END IF;
+        -- (A rate-limited group with an empty bucket becomes ready with its
+        -- next token.)
+        v_due := v_next.run_after;
+        IF v_controlled THEN
+            v_due := greatest(v_due, pgfifo.token_due(v_wake.queue, v_wake.group_id, v_now));
+        END IF;
         UPDATE pgfifo.queue_group
-        SET head_id = v_next.id, priority = v_next.priority, ready_at = v_next.run_after,
+        SET head_id = v_next.id, priority = v_next.priority, ready_at = v_due,
             idle_since = NULL
         WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
-        IF v_next.run_after > v_now THEN
+        IF v_due > v_now THEN
             ready_later_us := ready_later_us
-                              || pgfifo.micros_until(v_next.run_after, clock_timestamp());
+                              || pgfifo.micros_until(v_due, clock_timestamp());
         END IF;
     END LOOP;
     promoted := v_taken;

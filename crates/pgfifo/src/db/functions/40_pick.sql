@@ -103,6 +103,8 @@ DECLARE
     v_now     timestamptz := statement_timestamp();
     v_bound   integer;
     v_prio    smallint;
+    v_controlled boolean;
+    v_due     timestamptz;
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
@@ -118,6 +120,10 @@ BEGIN
         v_q := p_queues[1 + (v_turn + v_i) % v_n];
         CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                               WHERE s.queue = v_q AND s.paused);
+        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
+        IF v_controlled THEN
+            v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = v_q);
+        END IF;
         FOR v_kind IN 0 .. 1 LOOP
             IF (v_kind + v_turn) % 2 = 0 THEN
                 v_bound := 32768;
@@ -199,6 +205,21 @@ BEGIN
                                 RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
                                                     NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
                                 RETURN;
+                            END IF;
+                            -- A rate-limited group without a token (its limits
+                            -- changed since complete or promote set its time):
+                            -- not before its next token. The runner learns of
+                            -- that time from its next poll.
+                            IF v_controlled THEN
+                                v_due := pgfifo.token_due(v_q, v_group.group_id, v_now);
+                                IF v_due > v_now THEN
+                                    UPDATE pgfifo.queue_group AS g SET ready_at = v_due
+                                    WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                    CONTINUE WHEN v_count > 0;
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                    RETURN;
+                                END IF;
                             END IF;
                             SELECT * INTO v_job FROM pgfifo.job AS j
                             WHERE j.id = v_group.head_id AND j.state = 'queued'

@@ -20,11 +20,22 @@ RETURNS TABLE (job_id bigint, attempt integer)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    -- Rate-limited groups take a token per start, in this transaction: a
+    -- start counts against the limit even if its runner dies mid-run. (A
+    -- job that has no attempt left takes one too: it is a moment from being
+    -- marked failed, and never runs.)
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
+            PERFORM pgfifo.take_tokens(p_ids, v_now);
+        END IF;
+    END IF;
     RETURN QUERY
-    INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner)
-    SELECT t.id, coalesce(m.n, 0) + 1, p_runner
+    INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner, started_at)
+    SELECT t.id, coalesce(m.n, 0) + 1, p_runner, v_now
     FROM unnest(p_ids, p_max) AS t(id, max_attempts)
     CROSS JOIN LATERAL (SELECT max(x.attempt) AS n FROM pgfifo.job_attempt x WHERE x.job_id = t.id) AS m
     WHERE coalesce(m.n, 0) < t.max_attempts

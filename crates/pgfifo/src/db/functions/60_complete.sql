@@ -6,9 +6,12 @@
 
 -- Writes the outcomes of the attempts of a pick's jobs, in their transaction,
 -- just before it commits: element i of each array is job i's. p_outcomes[i]
--- is 'succeeded', 'retry', 'failed' or 'cancelled'. A retry keeps the job at
--- the head of its group until p_retry_delay_us[i] passes; any other outcome
--- advances the head. p_queues and p_groups are the jobs' (the caller has them
+-- is 'succeeded', 'retry', 'failed', 'cancelled' or 'snoozed'. A retry keeps
+-- the job at the head of its group until p_retry_delay_us[i] passes. A
+-- snooze does the same without using an attempt: the attempt's record is
+-- deleted, and the group row says until when and by which job it sleeps.
+-- Any other outcome advances the head. A rate-limited group whose bucket is
+-- empty waits for its next token (see 15_controls.sql). p_queues and p_groups are the jobs' (the caller has them
 -- from pick); the jobs are of different groups, as pick returns them.
 --
 -- A grouped job that failed for good in a queue whose failure policy is
@@ -48,10 +51,11 @@ DECLARE
     v_queue    text;
     v_group    text;
     v_outcome  text;
+    v_due      timestamptz;
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
-    IF NOT coalesce(p_outcomes <@ ARRAY['succeeded', 'retry', 'failed', 'cancelled'], false) THEN
+    IF NOT coalesce(p_outcomes <@ ARRAY['succeeded', 'retry', 'failed', 'cancelled', 'snoozed'], false) THEN
         RAISE EXCEPTION 'pgfifo complete: unknown outcome in %', p_outcomes
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -70,7 +74,7 @@ BEGIN
         WITH done AS (
             SELECT t.done_id, t.q, t.grp
             FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
-            WHERE t.grp IS NOT NULL AND t.outcome <> 'retry'
+            WHERE t.grp IS NOT NULL AND t.outcome NOT IN ('retry', 'snoozed')
               AND NOT (t.outcome = 'failed'
                        AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                                    WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
@@ -96,8 +100,8 @@ BEGIN
         v_queue := p_queues[v_i];
         v_group := p_groups[v_i];
         v_outcome := p_outcomes[v_i];
-        -- A retry is work that nobody is woken for either.
-        IF v_outcome = 'retry' THEN
+        -- A retry (or a snooze) is work that nobody is woken for either.
+        IF v_outcome IN ('retry', 'snoozed') THEN
             v_ready_in := greatest(coalesce(p_retry_delay_us[v_i], 0), 0);
             ready_now := ready_now OR coalesce(v_ready_in = 0, false);
             IF v_ready_in > 0 THEN
@@ -108,6 +112,12 @@ BEGIN
         IF v_outcome = 'retry' THEN
             UPDATE pgfifo.queue_group
             SET ready_at = v_now + p_retry_delay_us[v_i] * interval '1 microsecond'
+            WHERE queue = v_queue AND group_id = v_group;
+        ELSIF v_outcome = 'snoozed' THEN
+            UPDATE pgfifo.queue_group
+            SET ready_at = v_now + p_retry_delay_us[v_i] * interval '1 microsecond',
+                snoozed_until = v_now + p_retry_delay_us[v_i] * interval '1 microsecond',
+                snoozed_by = v_id
             WHERE queue = v_queue AND group_id = v_group;
         ELSIF v_outcome = 'failed'
               AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
@@ -145,30 +155,53 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
+    -- A rate-limited group that advanced (or retries) with its bucket empty
+    -- waits for its next token: nothing picks it before then.
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+      IF EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = ANY (p_queues)) THEN
+        FOR v_i IN 1 .. v_n LOOP
+            CONTINUE WHEN p_groups[v_i] IS NULL OR p_outcomes[v_i] = 'snoozed';
+            v_due := pgfifo.token_due(p_queues[v_i], p_groups[v_i], v_now);
+            CONTINUE WHEN v_due <= v_now;
+            UPDATE pgfifo.queue_group AS g SET ready_at = v_due
+            WHERE g.queue = p_queues[v_i] AND g.group_id = p_groups[v_i]
+              AND g.ready_at < v_due;
+            IF FOUND THEN
+                ready_later_us := ready_later_us || pgfifo.micros_until(v_due, v_now);
+            END IF;
+        END LOOP;
+      END IF;
+    END IF;
     IF v_n = 1 THEN
         UPDATE pgfifo.job SET
-            state       = CASE WHEN v_outcome = 'retry' THEN 'queued' ELSE v_outcome END,
-            attempts    = p_attempts[1],
+            state       = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN 'queued' ELSE v_outcome END,
+            attempts    = CASE WHEN v_outcome = 'snoozed' THEN attempts ELSE p_attempts[1] END,
             last_error  = coalesce(p_errors[1], last_error),
             result      = p_results[1],
-            run_after   = CASE WHEN v_outcome = 'retry'
+            run_after   = CASE WHEN v_outcome IN ('retry', 'snoozed')
                                THEN v_now + p_retry_delay_us[1] * interval '1 microsecond'
                                ELSE run_after END,
-            finished_at = CASE WHEN v_outcome = 'retry' THEN NULL ELSE v_now END
+            finished_at = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
         WHERE id = v_id;
     ELSE
         UPDATE pgfifo.job AS j SET
-            state       = CASE WHEN t.outcome = 'retry' THEN 'queued' ELSE t.outcome END,
-            attempts    = t.attempt,
+            state       = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN 'queued' ELSE t.outcome END,
+            attempts    = CASE WHEN t.outcome = 'snoozed' THEN j.attempts ELSE t.attempt END,
             last_error  = coalesce(t.error, j.last_error),
             result      = t.result,
-            run_after   = CASE WHEN t.outcome = 'retry'
+            run_after   = CASE WHEN t.outcome IN ('retry', 'snoozed')
                                THEN v_now + t.delay_us * interval '1 microsecond'
                                ELSE j.run_after END,
-            finished_at = CASE WHEN t.outcome = 'retry' THEN NULL ELSE v_now END
+            finished_at = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
         FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
              AS t(id, attempt, outcome, error, result, delay_us)
         WHERE j.id = t.id;
+    END IF;
+    -- A snoozed attempt does not count: its record goes.
+    IF 'snoozed' = ANY (p_outcomes) THEN
+        DELETE FROM pgfifo.job_attempt AS a
+        USING unnest(p_ids, p_attempts, p_outcomes) AS t(id, attempt, outcome)
+        WHERE t.outcome = 'snoozed' AND a.job_id = t.id AND a.attempt = t.attempt;
     END IF;
     IF cardinality(array_remove(p_errors, NULL)) > 0 THEN
         UPDATE pgfifo.job_attempt AS a SET error = t.error, finished_at = v_now

@@ -14,6 +14,7 @@
 //! | `pgfifo_jobs_retried_total` | counter | `queue`, `kind` | failed attempts that will be retried |
 //! | `pgfifo_jobs_failed_total` | counter | `queue`, `kind` | jobs failed for good (attempts used up, permanent error, timeout on the last attempt, unknown type, bad payload) |
 //! | `pgfifo_jobs_cancelled_total` | counter | `queue`, `kind` | jobs cancelled by their handler |
+//! | `pgfifo_jobs_snoozed_total` | counter | `queue`, `kind` | runs whose handler snoozed their group |
 //! | `pgfifo_jobs_aborted_total` | counter | `queue`, `kind` | runs that ended without an outcome (shutdown deadline, lost connection, an outcome the database refused); the job runs again |
 //! | `pgfifo_job_duration_seconds` | histogram | `queue`, `kind`, `outcome` | handler run time in seconds; `outcome` is `succeeded`, `retried`, `failed`, `cancelled` or `aborted` |
 //! | `pgfifo_jobs_running` | gauge | `queue` | handlers running now in this runner (including the moment until their outcome commits) |
@@ -56,6 +57,8 @@ pub const JOBS_RETRIED: &str = "pgfifo_jobs_retried_total";
 pub const JOBS_FAILED: &str = "pgfifo_jobs_failed_total";
 /// Counter: jobs cancelled by their handler (labels `queue`, `kind`).
 pub const JOBS_CANCELLED: &str = "pgfifo_jobs_cancelled_total";
+/// Counter: runs whose handler snoozed their group (labels `queue`, `kind`).
+pub const JOBS_SNOOZED: &str = "pgfifo_jobs_snoozed_total";
 /// Counter: runs aborted without an outcome; the job runs again (labels
 /// `queue`, `kind`).
 pub const JOBS_ABORTED: &str = "pgfifo_jobs_aborted_total";
@@ -88,15 +91,17 @@ enum Outcome {
     Retried,
     Failed,
     Cancelled,
+    Snoozed,
     Aborted,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 5] = [
+    const ALL: [Outcome; 6] = [
         Outcome::Succeeded,
         Outcome::Retried,
         Outcome::Failed,
         Outcome::Cancelled,
+        Outcome::Snoozed,
         Outcome::Aborted,
     ];
 
@@ -106,6 +111,7 @@ impl Outcome {
             JobOutcome::Retrying { .. } => Outcome::Retried,
             JobOutcome::Failed { .. } => Outcome::Failed,
             JobOutcome::Cancelled { .. } => Outcome::Cancelled,
+            JobOutcome::Snoozed { .. } => Outcome::Snoozed,
             JobOutcome::Aborted { .. } => Outcome::Aborted,
         }
     }
@@ -116,6 +122,7 @@ impl Outcome {
             Outcome::Retried => "retried",
             Outcome::Failed => "failed",
             Outcome::Cancelled => "cancelled",
+            Outcome::Snoozed => "snoozed",
             Outcome::Aborted => "aborted",
         }
     }
@@ -126,6 +133,7 @@ impl Outcome {
             Outcome::Retried => JOBS_RETRIED,
             Outcome::Failed => JOBS_FAILED,
             Outcome::Cancelled => JOBS_CANCELLED,
+            Outcome::Snoozed => JOBS_SNOOZED,
             Outcome::Aborted => JOBS_ABORTED,
         }
     }
@@ -135,8 +143,8 @@ impl Outcome {
 struct KindMetrics {
     started: Counter,
     /// Outcome counters and duration histograms, indexed by `Outcome as usize`.
-    outcomes: [Counter; 5],
-    durations: [Histogram; 5],
+    outcomes: [Counter; 6],
+    durations: [Histogram; 6],
 }
 
 impl KindMetrics {
@@ -381,6 +389,11 @@ fn describe() {
     describe_counter!(JOBS_RETRIED, count, "Failed attempts that will be retried");
     describe_counter!(JOBS_FAILED, count, "Jobs that failed for good");
     describe_counter!(JOBS_CANCELLED, count, "Jobs cancelled by their handler");
+    describe_counter!(
+        JOBS_SNOOZED,
+        count,
+        "Runs whose handler snoozed their group"
+    );
     describe_counter!(
         JOBS_ABORTED,
         count,

@@ -1,0 +1,181 @@
+-- Group controls: rate limits (token buckets) and the settings behind them.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+--
+-- Where a rate limit acts (see migration 0006 for the tables):
+--   * a start takes a token: pgfifo.take_tokens, from start_attempts, in the
+--     transaction that records the attempt, before the handler runs;
+--   * a group with no token left waits: complete (after its head advanced),
+--     promote (when it becomes active) and pick (a safety net for settings
+--     changed meanwhile) set its ready_at to when its next token is due, so
+--     no pick looks at it before then, and report that time to the runner;
+--   * the functions of the hot path (complete, promote, pick,
+--     start_attempts) look for pgfifo.group_control with to_regclass before
+--     they touch it or call the functions here: after `migrate down` to a
+--     schema without it, they keep working for the previous release;
+--   * at most one job of a group runs at a time, and only its runner, which
+--     holds the group row, takes the group's tokens: so the check in pick or
+--     complete and the take at the start cannot be overtaken by another
+--     start of the group.
+
+-- The limits that apply to a group: its own row's values, else its queue's
+-- defaults (the row whose group_id is ''). rate_count is NULL when the group
+-- has no rate limit; burst defaults to rate_count.
+CREATE OR REPLACE FUNCTION pgfifo.group_rate(
+    p_queue            text,
+    p_group            text,
+    OUT rate_count     integer,
+    OUT rate_period_ms bigint,
+    OUT burst          integer
+)
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(g.rate_count, d.rate_count),
+           CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms ELSE d.rate_period_ms END,
+           coalesce(g.burst, d.burst, g.rate_count, d.rate_count)
+    FROM (SELECT) AS one
+    LEFT JOIN pgfifo.group_control AS d ON d.queue = p_queue AND d.group_id = ''
+    LEFT JOIN pgfifo.group_control AS g ON g.queue = p_queue AND g.group_id = p_group
+$$;
+
+-- A group's tokens at p_now: its bucket refilled since it was last written,
+-- up to the burst. NULL when the group has no rate limit.
+CREATE OR REPLACE FUNCTION pgfifo.group_tokens(p_queue text, p_group text, p_now timestamptz)
+RETURNS double precision
+LANGUAGE plpgsql STABLE
+SET jit = off
+AS $$
+DECLARE
+    v_rate   record;
+    v_bucket record;
+BEGIN
+    SELECT * INTO v_rate FROM pgfifo.group_rate(p_queue, p_group);
+    IF v_rate.rate_count IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT b.tokens, b.at INTO v_bucket FROM pgfifo.group_bucket AS b
+    WHERE b.queue = p_queue AND b.group_id = p_group;
+    IF NOT FOUND THEN
+        RETURN v_rate.burst;
+    END IF;
+    RETURN least(v_rate.burst::double precision,
+                 v_bucket.tokens + greatest(extract(epoch FROM p_now - v_bucket.at), 0)
+                                   * 1000.0 * v_rate.rate_count / v_rate.rate_period_ms);
+END
+$$;
+
+-- When a group may next start a job as far as its rate limit goes: p_now if
+-- it has a token (or no limit), else the moment its next token is due.
+CREATE OR REPLACE FUNCTION pgfifo.token_due(p_queue text, p_group text, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET jit = off
+AS $$
+DECLARE
+    v_rate   record;
+    v_tokens double precision := pgfifo.group_tokens(p_queue, p_group, p_now);
+BEGIN
+    -- (A token that is due within a microsecond counts: the due time below
+    -- is rounded up to whole microseconds.)
+    IF v_tokens IS NULL OR v_tokens >= 1 - 1e-9 THEN
+        RETURN p_now;
+    END IF;
+    SELECT * INTO v_rate FROM pgfifo.group_rate(p_queue, p_group);
+    RETURN p_now + ceil((1 - v_tokens) * v_rate.rate_period_ms * 1000.0 / v_rate.rate_count)
+                   * interval '1 microsecond';
+END
+$$;
+
+-- Takes one token from the bucket of each rate-limited group of the jobs
+-- p_ids, starting at p_now. Called by start_attempts, in its transaction,
+-- with the time it records as the attempts' start.
+CREATE OR REPLACE FUNCTION pgfifo.take_tokens(p_ids bigint[], p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    v_job    record;
+    v_now    timestamptz := p_now;
+    v_tokens double precision;
+BEGIN
+    FOR v_job IN
+        SELECT j.queue, j.group_id FROM pgfifo.job AS j
+        WHERE j.id = ANY (p_ids) AND j.group_id IS NOT NULL
+          AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
+        ORDER BY j.id
+    LOOP
+        v_tokens := pgfifo.group_tokens(v_job.queue, v_job.group_id, v_now);
+        CONTINUE WHEN v_tokens IS NULL;
+        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at)
+        VALUES (v_job.queue, v_job.group_id, v_tokens - 1, v_now)
+        ON CONFLICT (queue, group_id) DO UPDATE SET tokens = excluded.tokens, at = excluded.at;
+    END LOOP;
+END
+$$;
+
+-- Sets a group's limits (p_group NULL: the queue's defaults for all its
+-- groups), replacing what was set there before. NULL values inherit (from
+-- the queue's defaults) or, for the defaults, mean no limit. With
+-- p_reset, the row is deleted instead: the group goes back to its queue's
+-- defaults, or the queue to no limits.
+--
+-- Waiting groups are woken, so that promote sets their next start by the
+-- new limits (a running job keeps its group row; its completion applies
+-- them). Returns whether a row was there before.
+CREATE OR REPLACE FUNCTION pgfifo.set_group_control(
+    p_queue          text,
+    p_group          text,
+    p_rate_count     integer,
+    p_rate_period_ms bigint,
+    p_burst          integer,
+    p_reset          boolean DEFAULT false
+)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_key   text := coalesce(p_group, '');
+    v_found boolean;
+BEGIN
+    IF p_group = '' THEN
+        RAISE EXCEPTION 'pgfifo set_group_control: the group name is empty (NULL sets the queue''s defaults)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (p_rate_count IS NULL) <> (p_rate_period_ms IS NULL) THEN
+        RAISE EXCEPTION 'pgfifo set_group_control: rate needs both a count and a period'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_rate_count IS NOT NULL AND p_rate_count < 1 THEN
+        RAISE EXCEPTION 'pgfifo set_group_control: rate must allow at least 1 start per period (to stop a group, pause it)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT true INTO v_found FROM pgfifo.group_control AS c
+    WHERE c.queue = p_queue AND c.group_id = v_key FOR UPDATE;
+    IF p_reset THEN
+        DELETE FROM pgfifo.group_control AS c WHERE c.queue = p_queue AND c.group_id = v_key;
+    ELSE
+        INSERT INTO pgfifo.group_control AS c (queue, group_id, rate_count, rate_period_ms, burst)
+        VALUES (p_queue, v_key, p_rate_count, p_rate_period_ms, p_burst)
+        ON CONFLICT (queue, group_id) DO UPDATE
+        SET rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms,
+            burst = excluded.burst, updated_at = now();
+    END IF;
+    -- A bucket fuller than the new burst keeps only the burst.
+    UPDATE pgfifo.group_bucket AS b SET tokens = r.burst
+    FROM pgfifo.group_bucket AS o
+    CROSS JOIN LATERAL pgfifo.group_rate(o.queue, o.group_id) AS r
+    WHERE b.queue = o.queue AND b.group_id = o.group_id
+      AND o.queue = p_queue AND (p_group IS NULL OR o.group_id = p_group)
+      AND r.burst IS NOT NULL AND o.tokens > r.burst;
+    INSERT INTO pgfifo.group_wake (queue, group_id)
+    SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
+    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
+      AND g.ready_at > now();
+    IF FOUND THEN
+        PERFORM pg_notify('pgfifo_groups', p_queue);
+    END IF;
+    RETURN coalesce(v_found, false);
+END
+$$;

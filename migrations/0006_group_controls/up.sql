@@ -1,0 +1,38 @@
+-- 0006_group_controls: rate limits per group and snooze.
+--
+-- A group's rate limit is a token bucket: `burst` tokens at most, refilled
+-- at `rate_count` per `rate_period_ms`; each start of one of its jobs takes
+-- a token, and the group waits (its ready_at) for the next token when none
+-- is left. Limits are rows of pgfifo.group_control: the row whose group_id
+-- is '' holds a queue's defaults (no group has an empty name), a row with a
+-- group's name overrides them column by column (NULL: the default).
+CREATE TABLE pgfifo.group_control (
+    queue          text        COLLATE "C" NOT NULL,
+    group_id       text        COLLATE "C" NOT NULL,
+    rate_count     integer     CHECK (rate_count BETWEEN 1 AND 1000000),
+    rate_period_ms bigint      CHECK (rate_period_ms BETWEEN 1 AND 31622400000),
+    burst          integer     CHECK (burst BETWEEN 1 AND 1000000),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, group_id),
+    CHECK ((rate_count IS NULL) = (rate_period_ms IS NULL))
+);
+
+-- The tokens of each rate-limited group, as of `at`. Written when one of its
+-- jobs starts, in the transaction that records the attempt (committed before
+-- the handler runs, outside the job's transaction), so a start counts even
+-- if its runner dies. A group without a row has a full bucket.
+CREATE TABLE pgfifo.group_bucket (
+    queue    text             COLLATE "C" NOT NULL,
+    group_id text             COLLATE "C" NOT NULL,
+    tokens   double precision NOT NULL,
+    at       timestamptz      NOT NULL,
+    PRIMARY KEY (queue, group_id)
+) WITH (fillfactor = 70);
+
+-- A snoozed group: its head asked to wait until snoozed_until without using
+-- an attempt (JobError::snooze). Kept for status; the wait itself is the
+-- group's ready_at and the head's run_after. Not indexed: setting them keeps
+-- the update of the group row a HOT one.
+ALTER TABLE pgfifo.queue_group
+    ADD COLUMN snoozed_until timestamptz,
+    ADD COLUMN snoozed_by    bigint;
