@@ -2,11 +2,13 @@
 -- (snoozed groups keep waiting until their time, as delayed heads), with
 -- the functions that read them. The functions of the hot path stay: they
 -- touch group controls only while pgfifo.group_control exists.
-DROP FUNCTION IF EXISTS pgfifo.set_group_control(text, text, integer, bigint, integer, boolean);
+DROP FUNCTION IF EXISTS pgfifo.set_group_control(text, text, integer, bigint, integer, integer, integer, boolean);
+DROP FUNCTION IF EXISTS pgfifo.ensure_slots(text, text, integer);
 DROP FUNCTION IF EXISTS pgfifo.take_tokens(bigint[], timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.token_due(text, text, timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.group_tokens(text, text, timestamptz);
-DROP FUNCTION IF EXISTS pgfifo.group_rate(text, text);
+DROP FUNCTION IF EXISTS pgfifo.group_limits(text, text);
 ALTER TABLE pgfifo.queue_group DROP COLUMN IF EXISTS snoozed_until, DROP COLUMN IF EXISTS snoozed_by;
+DROP TABLE IF EXISTS pgfifo.group_slot;
 DROP TABLE IF EXISTS pgfifo.group_bucket;
 DROP TABLE IF EXISTS pgfifo.group_control;

@@ -347,7 +347,7 @@ async fn bad_limits_are_refused_by_name_and_change_nothing() {
     );
     // A group's own burst with its queue's rate.
     let rate = db
-        .text("SELECT (r.rate_count || '/' || r.rate_period_ms || '/' || r.burst) FROM pgfifo.group_rate('controls', 'vip') AS r")
+        .text("SELECT (r.rate_count || '/' || r.rate_period_ms || '/' || r.burst) FROM pgfifo.group_limits('controls', 'vip') AS r")
         .await;
     assert_eq!(rate.as_deref(), Some("10/1000/50"));
 }

@@ -21,6 +21,8 @@ use crate::{Error, Result};
 
 /// The most starts a rate may allow per period, and the largest burst.
 pub const MAX_RATE_COUNT: u32 = 1_000_000;
+/// The largest concurrency of a group, and the largest weight.
+pub const MAX_GROUP_CONCURRENCY: u32 = 1_000;
 /// The longest period of a rate (a year, 366 days).
 pub const MAX_RATE_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
@@ -161,6 +163,13 @@ pub struct GroupLimits {
     /// How many starts may happen at once after a quiet spell (the bucket's
     /// size, 1 to 1,000,000). Default: the rate's count.
     pub burst: Option<u32>,
+    /// How many jobs of the group may run at once (1 to 1,000; default 1).
+    /// They start in FIFO order; see `docs/group-controls.md` for what a
+    /// failing job does to the jobs behind it.
+    pub concurrency: Option<u32>,
+    /// The group's share of turns among groups with backlog when there are
+    /// more of them than free slots (1 to 1,000; default 1).
+    pub weight: Option<u32>,
 }
 
 impl GroupLimits {
@@ -181,8 +190,29 @@ impl GroupLimits {
         self
     }
 
+    /// Sets the concurrency.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = Some(n);
+        self
+    }
+
+    /// Sets the weight.
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = Some(weight);
+        self
+    }
+
     /// Checks the values: an [`Error::InvalidArgument`] naming the setting.
     pub(crate) fn validate(&self) -> Result<()> {
+        for (name, value) in [("concurrency", self.concurrency), ("weight", self.weight)] {
+            if let Some(n) = value {
+                if n == 0 || n > MAX_GROUP_CONCURRENCY {
+                    return Err(invalid(format!(
+                        "{name}: {n} is outside 1 to {MAX_GROUP_CONCURRENCY}"
+                    )));
+                }
+            }
+        }
         if let Some(burst) = self.burst {
             if burst == 0 || burst > MAX_RATE_COUNT {
                 return Err(invalid(format!(
@@ -237,5 +267,11 @@ mod tests {
         assert!(Rate::new(1, Duration::from_micros(1500)).is_err());
         let burst = GroupLimits::new().burst(0).validate().unwrap_err();
         assert!(burst.to_string().contains("burst:"), "{burst}");
+        for bad in [GroupLimits::new().concurrency(0), GroupLimits::new().concurrency(1001)] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains("concurrency:"), "{err}");
+        }
+        let err = GroupLimits::new().weight(0).validate().unwrap_err().to_string();
+        assert!(err.contains("weight:"), "{err}");
     }
 }

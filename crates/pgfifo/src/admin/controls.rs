@@ -76,6 +76,10 @@ pub struct SetLimits {
     pub rate: Option<Rate>,
     /// The burst, if set here.
     pub burst: Option<u32>,
+    /// The concurrency, if set here.
+    pub concurrency: Option<u32>,
+    /// The weight, if set here.
+    pub weight: Option<u32>,
 }
 
 /// The limits set in `queue`: its defaults first (if any), then the groups
@@ -112,6 +116,8 @@ async fn set(
         rate_count: limits.rate.map(|rate| rate.count() as i32),
         rate_period_ms: limits.rate.map(Rate::period_ms),
         burst: limits.burst.map(|burst| burst as i32),
+        concurrency: limits.concurrency.map(|n| n as i32),
+        weight: limits.weight.map(|n| n as i32),
     };
     pinned(conn, async |conn| {
         db::admin::controls::set_group_control(conn, queue, group, values, false).await?;
@@ -134,6 +140,8 @@ fn set_limits(row: ControlRow) -> SetLimits {
         group: Some(row.group_id).filter(|g| !g.is_empty()),
         rate: rate_of(row.rate_count, row.rate_period_ms),
         burst: row.burst.map(|b| b as u32),
+        concurrency: row.concurrency.map(|n| n as u32),
+        weight: row.weight.map(|n| n as u32),
     }
 }
 

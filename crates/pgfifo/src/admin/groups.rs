@@ -89,6 +89,13 @@ pub struct GroupInfo {
     pub burst: Option<u32>,
     /// Tokens in its bucket now (with a rate limit): a start takes one.
     pub tokens: Option<f64>,
+    /// How many of its jobs may run at once (1 unless set).
+    pub concurrency: u32,
+    /// Its weight among groups with backlog (1 unless set).
+    pub weight: u32,
+    /// Its jobs running now: an attempt started and has no outcome yet
+    /// (after a crash, until the job runs again).
+    pub running: i64,
     /// Whether limits of its own are set (`pgfifo group set`), rather than
     /// only its queue's defaults.
     pub own_limits: bool,
@@ -228,6 +235,9 @@ fn info(row: GroupRow) -> GroupInfo {
         rate: rate_of(row.rate_count, row.rate_period_ms),
         burst: row.burst.map(|b| b as u32),
         tokens: row.tokens,
+        concurrency: row.concurrency as u32,
+        weight: row.weight as u32,
+        running: row.running,
         own_limits: row.own_limits,
         head_error: matches!(state, GroupState::Retrying | GroupState::Held)
             .then(|| row.head_error.clone())

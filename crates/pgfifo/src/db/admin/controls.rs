@@ -13,6 +13,8 @@ pub(crate) struct ControlValues {
     pub rate_count: Option<i32>,
     pub rate_period_ms: Option<i64>,
     pub burst: Option<i32>,
+    pub concurrency: Option<i32>,
+    pub weight: Option<i32>,
 }
 
 #[derive(QueryableByName)]
@@ -31,12 +33,14 @@ pub(crate) async fn set_group_control(
     reset: bool,
 ) -> diesel::QueryResult<bool> {
     let row: Found =
-        diesel::sql_query("SELECT pgfifo.set_group_control($1, $2, $3, $4, $5, $6) AS found")
+        diesel::sql_query("SELECT pgfifo.set_group_control($1, $2, $3, $4, $5, $6, $7, $8) AS found")
             .bind::<Text, _>(queue)
             .bind::<Nullable<Text>, _>(group)
             .bind::<Nullable<Integer>, _>(values.rate_count)
             .bind::<Nullable<BigInt>, _>(values.rate_period_ms)
             .bind::<Nullable<Integer>, _>(values.burst)
+            .bind::<Nullable<Integer>, _>(values.concurrency)
+            .bind::<Nullable<Integer>, _>(values.weight)
             .bind::<Bool, _>(reset)
             .get_result(conn)
             .await?;
@@ -55,6 +59,10 @@ pub(crate) struct ControlRow {
     pub rate_period_ms: Option<i64>,
     #[diesel(sql_type = Nullable<Integer>)]
     pub burst: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub concurrency: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub weight: Option<i32>,
 }
 
 /// The limits set in `queue`: its defaults first (if set), then the groups
@@ -66,7 +74,8 @@ pub(crate) async fn controls(
     limit: i64,
 ) -> diesel::QueryResult<Vec<ControlRow>> {
     diesel::sql_query(
-        "SELECT group_id, rate_count, rate_period_ms, burst FROM pgfifo.group_control
+        "SELECT group_id, rate_count, rate_period_ms, burst, concurrency, weight
+         FROM pgfifo.group_control
          WHERE queue = $1 AND ($2::text IS NULL OR group_id > $2)
          ORDER BY group_id LIMIT $3",
     )

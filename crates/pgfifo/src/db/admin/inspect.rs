@@ -49,6 +49,13 @@ pub(crate) struct GroupRow {
     pub burst: Option<i32>,
     #[diesel(sql_type = Nullable<Double>)]
     pub tokens: Option<f64>,
+    #[diesel(sql_type = Integer)]
+    pub concurrency: i32,
+    #[diesel(sql_type = Integer)]
+    pub weight: i32,
+    /// Jobs of the group with an attempt started and no outcome yet.
+    #[diesel(sql_type = BigInt)]
+    pub running: i64,
     /// The group has limits of its own (a row in pgfifo.group_control).
     #[diesel(sql_type = Bool)]
     pub own_limits: bool,
@@ -74,12 +81,18 @@ macro_rules! group_rows {
                  WHERE b.queue = $1 AND b.group_id = k.group_id AND b.state = 'queued') AS backlog,
                 CASE WHEN g.snoozed_until > now() AND g.snoozed_by = g.head_id
                      THEN (extract(epoch FROM g.snoozed_until) * 1e6)::bigint END AS snoozed_until_us,
-                r.rate_count, r.rate_period_ms, r.burst,
+                r.rate_count, r.rate_period_ms, r.burst, r.concurrency, r.weight,
+                (SELECT count(*) FROM (
+                     SELECT b.id, b.attempts FROM pgfifo.job AS b
+                     WHERE b.queue = $1 AND b.group_id = k.group_id AND b.state = 'queued'
+                     ORDER BY b.id LIMIT 2 * r.concurrency) AS b
+                 WHERE EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
+                               WHERE a.job_id = b.id AND a.attempt > b.attempts)) AS running,
                 pgfifo.group_tokens($1, k.group_id, now()) AS tokens,
                 EXISTS (SELECT 1 FROM pgfifo.group_control AS c
                         WHERE c.queue = $1 AND c.group_id = k.group_id) AS own_limits
          FROM k
-         CROSS JOIN LATERAL pgfifo.group_rate($1, k.group_id) AS r
+         CROSS JOIN LATERAL pgfifo.group_limits($1, k.group_id) AS r
          LEFT JOIN pgfifo.queue_group AS g ON g.queue = $1 AND g.group_id = k.group_id
          LEFT JOIN pgfifo.job AS j ON j.id = g.head_id
          LEFT JOIN pgfifo.group_pause AS p ON p.queue = $1 AND p.group_id = k.group_id"

@@ -22,19 +22,24 @@
 
 -- The limits that apply to a group: its own row's values, else its queue's
 -- defaults (the row whose group_id is ''). rate_count is NULL when the group
--- has no rate limit; burst defaults to rate_count.
-CREATE OR REPLACE FUNCTION pgfifo.group_rate(
+-- has no rate limit; burst defaults to rate_count, concurrency and weight to
+-- 1.
+CREATE OR REPLACE FUNCTION pgfifo.group_limits(
     p_queue            text,
     p_group            text,
     OUT rate_count     integer,
     OUT rate_period_ms bigint,
-    OUT burst          integer
+    OUT burst          integer,
+    OUT concurrency    integer,
+    OUT weight         integer
 )
 LANGUAGE sql STABLE
 AS $$
     SELECT coalesce(g.rate_count, d.rate_count),
            CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms ELSE d.rate_period_ms END,
-           coalesce(g.burst, d.burst, g.rate_count, d.rate_count)
+           coalesce(g.burst, d.burst, g.rate_count, d.rate_count),
+           coalesce(g.concurrency, d.concurrency, 1),
+           coalesce(g.weight, d.weight, 1)
     FROM (SELECT) AS one
     LEFT JOIN pgfifo.group_control AS d ON d.queue = p_queue AND d.group_id = ''
     LEFT JOIN pgfifo.group_control AS g ON g.queue = p_queue AND g.group_id = p_group
@@ -51,7 +56,7 @@ DECLARE
     v_rate   record;
     v_bucket record;
 BEGIN
-    SELECT * INTO v_rate FROM pgfifo.group_rate(p_queue, p_group);
+    SELECT * INTO v_rate FROM pgfifo.group_limits(p_queue, p_group);
     IF v_rate.rate_count IS NULL THEN
         RETURN NULL;
     END IF;
@@ -82,7 +87,7 @@ BEGIN
     IF v_tokens IS NULL OR v_tokens >= 1 - 1e-9 THEN
         RETURN p_now;
     END IF;
-    SELECT * INTO v_rate FROM pgfifo.group_rate(p_queue, p_group);
+    SELECT * INTO v_rate FROM pgfifo.group_limits(p_queue, p_group);
     RETURN p_now + ceil((1 - v_tokens) * v_rate.rate_period_ms * 1000.0 / v_rate.rate_count)
                    * interval '1 microsecond';
 END
@@ -115,6 +120,19 @@ BEGIN
 END
 $$;
 
+-- Creates the slot rows 0 .. p_n - 1 of a group that are missing. Never
+-- waits: rows that exist (locked by running jobs or not) are left alone.
+CREATE OR REPLACE FUNCTION pgfifo.ensure_slots(p_queue text, p_group text, p_n integer)
+RETURNS void
+LANGUAGE sql
+BEGIN ATOMIC
+    INSERT INTO pgfifo.group_slot (queue, group_id, slot)
+    SELECT p_queue, p_group, s.n::smallint FROM generate_series(0, least(p_n, 1000) - 1) AS s(n)
+    WHERE NOT EXISTS (SELECT 1 FROM pgfifo.group_slot AS x
+                      WHERE x.queue = p_queue AND x.group_id = p_group AND x.slot = s.n)
+    ON CONFLICT DO NOTHING;
+END;
+
 -- Sets a group's limits (p_group NULL: the queue's defaults for all its
 -- groups), replacing what was set there before. NULL values inherit (from
 -- the queue's defaults) or, for the defaults, mean no limit. With
@@ -130,6 +148,8 @@ CREATE OR REPLACE FUNCTION pgfifo.set_group_control(
     p_rate_count     integer,
     p_rate_period_ms bigint,
     p_burst          integer,
+    p_concurrency    integer DEFAULT NULL,
+    p_weight         integer DEFAULT NULL,
     p_reset          boolean DEFAULT false
 )
 RETURNS boolean
@@ -156,16 +176,24 @@ BEGIN
     IF p_reset THEN
         DELETE FROM pgfifo.group_control AS c WHERE c.queue = p_queue AND c.group_id = v_key;
     ELSE
-        INSERT INTO pgfifo.group_control AS c (queue, group_id, rate_count, rate_period_ms, burst)
-        VALUES (p_queue, v_key, p_rate_count, p_rate_period_ms, p_burst)
+        INSERT INTO pgfifo.group_control AS c
+            (queue, group_id, rate_count, rate_period_ms, burst, concurrency, weight)
+        VALUES (p_queue, v_key, p_rate_count, p_rate_period_ms, p_burst, p_concurrency, p_weight)
         ON CONFLICT (queue, group_id) DO UPDATE
         SET rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms,
-            burst = excluded.burst, updated_at = now();
+            burst = excluded.burst, concurrency = excluded.concurrency,
+            weight = excluded.weight, updated_at = now();
     END IF;
+    -- Slots for the groups that may now run more than one job at once.
+    PERFORM pgfifo.ensure_slots(g.queue, g.group_id, l.concurrency)
+    FROM pgfifo.queue_group AS g
+    CROSS JOIN LATERAL pgfifo.group_limits(g.queue, g.group_id) AS l
+    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
+      AND l.concurrency > 1;
     -- A bucket fuller than the new burst keeps only the burst.
     UPDATE pgfifo.group_bucket AS b SET tokens = r.burst
     FROM pgfifo.group_bucket AS o
-    CROSS JOIN LATERAL pgfifo.group_rate(o.queue, o.group_id) AS r
+    CROSS JOIN LATERAL pgfifo.group_limits(o.queue, o.group_id) AS r
     WHERE b.queue = o.queue AND b.group_id = o.group_id
       AND o.queue = p_queue AND (p_group IS NULL OR o.group_id = p_group)
       AND r.burst IS NOT NULL AND o.tokens > r.burst;
