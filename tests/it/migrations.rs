@@ -206,7 +206,9 @@ async fn migrate_is_idempotent_reversible_and_repeatable() {
         everything()
     );
     assert_eq!(
-        migrate::rollback(&mut conn, latest() as usize).await.unwrap(),
+        migrate::rollback(&mut conn, latest() as usize)
+            .await
+            .unwrap(),
         all_versions_reversed()
     );
     assert_eq!(

@@ -267,11 +267,18 @@ mod tests {
         assert!(Rate::new(1, Duration::from_micros(1500)).is_err());
         let burst = GroupLimits::new().burst(0).validate().unwrap_err();
         assert!(burst.to_string().contains("burst:"), "{burst}");
-        for bad in [GroupLimits::new().concurrency(0), GroupLimits::new().concurrency(1001)] {
+        for bad in [
+            GroupLimits::new().concurrency(0),
+            GroupLimits::new().concurrency(1001),
+        ] {
             let err = bad.validate().unwrap_err().to_string();
             assert!(err.contains("concurrency:"), "{err}");
         }
-        let err = GroupLimits::new().weight(0).validate().unwrap_err().to_string();
+        let err = GroupLimits::new()
+            .weight(0)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("weight:"), "{err}");
     }
 }

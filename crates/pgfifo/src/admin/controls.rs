@@ -104,6 +104,24 @@ pub async fn limits(
     .await
 }
 
+/// The limits set for one group (`Some(group)`) or as `queue`'s defaults
+/// (`None`): `None` when nothing is set there.
+pub async fn limits_of(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: Option<&str>,
+) -> Result<Option<SetLimits>> {
+    pinned(conn, async |conn| {
+        validate_queue(queue)?;
+        if let Some(group) = group {
+            validate_group(group)?;
+        }
+        let row = db::admin::controls::control(conn, queue, group.unwrap_or("")).await?;
+        Ok(row.map(set_limits))
+    })
+    .await
+}
+
 async fn set(
     conn: &mut AsyncPgConnection,
     queue: &str,

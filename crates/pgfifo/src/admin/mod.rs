@@ -48,7 +48,7 @@ mod status;
 mod time;
 
 pub use controls::{
-    limits, reset_default_group_limits, reset_group_limits, set_default_group_limits,
+    limits, limits_of, reset_default_group_limits, reset_group_limits, set_default_group_limits,
     set_group_limits, SetLimits,
 };
 pub use groups::{group, groups, GroupInfo, GroupOrder, GroupQuery, GroupState};

@@ -32,18 +32,19 @@ pub(crate) async fn set_group_control(
     values: ControlValues,
     reset: bool,
 ) -> diesel::QueryResult<bool> {
-    let row: Found =
-        diesel::sql_query("SELECT pgfifo.set_group_control($1, $2, $3, $4, $5, $6, $7, $8) AS found")
-            .bind::<Text, _>(queue)
-            .bind::<Nullable<Text>, _>(group)
-            .bind::<Nullable<Integer>, _>(values.rate_count)
-            .bind::<Nullable<BigInt>, _>(values.rate_period_ms)
-            .bind::<Nullable<Integer>, _>(values.burst)
-            .bind::<Nullable<Integer>, _>(values.concurrency)
-            .bind::<Nullable<Integer>, _>(values.weight)
-            .bind::<Bool, _>(reset)
-            .get_result(conn)
-            .await?;
+    let row: Found = diesel::sql_query(
+        "SELECT pgfifo.set_group_control($1, $2, $3, $4, $5, $6, $7, $8) AS found",
+    )
+    .bind::<Text, _>(queue)
+    .bind::<Nullable<Text>, _>(group)
+    .bind::<Nullable<Integer>, _>(values.rate_count)
+    .bind::<Nullable<BigInt>, _>(values.rate_period_ms)
+    .bind::<Nullable<Integer>, _>(values.burst)
+    .bind::<Nullable<Integer>, _>(values.concurrency)
+    .bind::<Nullable<Integer>, _>(values.weight)
+    .bind::<Bool, _>(reset)
+    .get_result(conn)
+    .await?;
     Ok(row.found)
 }
 
@@ -84,4 +85,22 @@ pub(crate) async fn controls(
     .bind::<BigInt, _>(limit)
     .load(conn)
     .await
+}
+
+/// The row of `group` in `queue` (`""`: the queue's defaults), if any.
+pub(crate) async fn control(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: &str,
+) -> diesel::QueryResult<Option<ControlRow>> {
+    use diesel::OptionalExtension;
+    diesel::sql_query(
+        "SELECT group_id, rate_count, rate_period_ms, burst, concurrency, weight
+         FROM pgfifo.group_control WHERE queue = $1 AND group_id = $2",
+    )
+    .bind::<Text, _>(queue)
+    .bind::<Text, _>(group)
+    .get_result(conn)
+    .await
+    .optional()
 }

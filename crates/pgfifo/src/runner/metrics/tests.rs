@@ -151,7 +151,14 @@ fn every_outcome_has_its_own_label_and_counter() {
     let labels: Vec<_> = Outcome::ALL.iter().map(|o| o.label()).collect();
     assert_eq!(
         labels,
-        ["succeeded", "retried", "failed", "cancelled", "snoozed", "aborted"]
+        [
+            "succeeded",
+            "retried",
+            "failed",
+            "cancelled",
+            "snoozed",
+            "aborted"
+        ]
     );
     for (i, outcome) in Outcome::ALL.iter().enumerate() {
         assert_eq!(*outcome as usize, i, "ALL is in discriminant order");
