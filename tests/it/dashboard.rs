@@ -77,6 +77,30 @@ async fn every_page_answers_and_shows_why_a_group_waits() {
         group.body.contains("/actions/retry"),
         "a held group offers retry"
     );
+    let limits = pgfifo::GroupLimits::new()
+        .rate(pgfifo::Rate::per_second(10).unwrap())
+        .burst(20)
+        .concurrency(4)
+        .weight(3);
+    let mut conn = fx.conn().await;
+    admin::set_group_limits(&mut conn, QUEUE, "held", limits)
+        .await
+        .unwrap();
+    drop(conn);
+    let limited = client.get(&format!("/queues/{QUEUE}/groups/held")).await;
+    let section = limited.body.split("id=\"limits\"").nth(1).unwrap_or("");
+    assert!(
+        [
+            "<dd>4 at a time, 0 running now<span class=\"muted\"> · set for this group",
+            "<dt>rate</dt><dd>10/s<span class=\"muted\"> · set for this group",
+            "<dt>burst</dt><dd>20<",
+            "<dt>tokens now</dt><dd>20.0<",
+            "<dt>weight</dt><dd>3<",
+        ]
+        .iter()
+        .all(|shown| section.contains(shown)),
+        "the group's limits: {section}"
+    );
 
     let job = client.get(&format!("/jobs/{head}")).await;
     assert_eq!(job.status, StatusCode::OK);

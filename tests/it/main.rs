@@ -26,6 +26,7 @@ mod burst;
 mod contention;
 mod crashes;
 mod exclusivity_fifo;
+mod group_concurrency;
 mod group_controls;
 mod handler_misuse;
 mod retries;

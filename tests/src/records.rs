@@ -148,6 +148,25 @@ pub fn peak_parallelism(runs: &[Run]) -> usize {
     usize::try_from(peak).unwrap_or(0)
 }
 
+/// The most runs of each group in progress at one instant (see
+/// [`peak_parallelism`]).
+pub fn peak_per_group(runs: &[Run]) -> BTreeMap<u32, usize> {
+    by_group(runs)
+        .into_iter()
+        .map(|(grp, group)| (grp, peak_parallelism(&group)))
+        .collect()
+}
+
+/// Reads a records file that may end in a torn line (its worker was killed
+/// mid-write): the complete lines only.
+pub fn read_runs_lenient(path: &Path) -> Vec<Run> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| Run::parse(l).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

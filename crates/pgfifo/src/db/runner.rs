@@ -222,16 +222,27 @@ const FORGET_ATTEMPTS: &str = "DELETE FROM pgfifo.job_attempt AS a \
                                USING unnest($1, $2) AS t(job_id, attempt) \
                                WHERE a.job_id = t.job_id AND a.attempt = t.attempt";
 
-/// Deletes the records of attempts that never ran their handler (handed back,
-/// or aborted by shutdown), so they do not use up the jobs' attempts.
+/// Forgets attempts and gives their rate-limited groups their tokens back.
+const FORGET_UNSTARTED: &str = "SELECT pgfifo.forget_attempts($1, $2)";
+
+/// Deletes the records of attempts that do not count, so they do not use up
+/// the jobs' attempts: `unstarted`, their handlers never ran (handed back:
+/// their tokens are given back too); otherwise they were aborted by
+/// shutdown (their starts still count against rate limits).
 pub(crate) async fn forget_attempts(
     conn: &mut AsyncPgConnection,
     job_ids: &[i64],
     attempts: &[i32],
+    unstarted: bool,
 ) -> diesel::QueryResult<usize> {
+    let text = if unstarted {
+        FORGET_UNSTARTED
+    } else {
+        FORGET_ATTEMPTS
+    };
     pinned(conn, async |conn| {
         cached(
-            FORGET_ATTEMPTS,
+            text,
             (
                 bind::<Array<BigInt>, _>(job_ids),
                 bind::<Array<Integer>, _>(attempts),
@@ -239,6 +250,32 @@ pub(crate) async fn forget_attempts(
         )
         .execute(conn)
         .await
+    })
+    .await
+}
+
+#[derive(QueryableByName)]
+struct MicrosRow {
+    #[diesel(sql_type = BigInt)]
+    us: i64,
+}
+
+const NEXT_TOKEN_IN: &str = "SELECT pgfifo.next_token_in($1, $2) AS us";
+
+/// How soon the group's next token is due (zero: it has one, or no limit).
+pub(crate) async fn next_token_in(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: &str,
+) -> diesel::QueryResult<Duration> {
+    pinned(conn, async |conn| {
+        let row: MicrosRow = cached(
+            NEXT_TOKEN_IN,
+            (bind::<Text, _>(queue), bind::<Text, _>(group)),
+        )
+        .get_result(conn)
+        .await?;
+        Ok(Duration::from_micros(row.us.max(0) as u64))
     })
     .await
 }

@@ -24,7 +24,8 @@ use crate::db::{Pool, PooledConnection};
 /// The most requests one batch carries.
 const MAX_BATCH: usize = 512;
 
-/// The attempt numbers of a pick's jobs, in its order (`None`: attempts used up).
+/// The attempt numbers of a pick's jobs, in its order (`None`: attempts used
+/// up; `Some(0)`: not started, its group's rate limit had no token left).
 type Attempts = Result<Vec<Option<i32>>, String>;
 
 enum Request {
@@ -36,7 +37,14 @@ enum Request {
     Forget {
         /// `(job id, attempt)` of each attempt to forget.
         attempts: Vec<(i64, i32)>,
+        /// The handlers never ran: their groups get their tokens back.
+        unstarted: bool,
         reply: oneshot::Sender<()>,
+    },
+    NextToken {
+        queue: String,
+        group: String,
+        reply: oneshot::Sender<Option<std::time::Duration>>,
     },
     NoteError {
         id: i64,
@@ -82,16 +90,40 @@ impl Bookkeeper {
         rx.await.map_err(|_| "the runner is stopping".to_owned())?
     }
 
-    /// Deletes the records of attempts `(job id, attempt)` whose handlers
-    /// never ran (best effort).
-    pub(crate) async fn forget_attempts(&self, attempts: Vec<(i64, i32)>) {
+    /// Deletes the records of attempts `(job id, attempt)` whose runs do
+    /// not count (best effort): with `unstarted`, their handlers never ran,
+    /// and rate-limited groups get the tokens back; without, they ran and
+    /// were aborted by shutdown.
+    pub(crate) async fn forget_attempts(&self, attempts: Vec<(i64, i32)>, unstarted: bool) {
         if attempts.is_empty() {
             return;
         }
         let (reply, rx) = oneshot::channel();
-        if self.tx.send(Request::Forget { attempts, reply }).is_ok() {
+        let request = Request::Forget {
+            attempts,
+            unstarted,
+            reply,
+        };
+        if self.tx.send(request).is_ok() {
             let _ = rx.await;
         }
+    }
+
+    /// How soon the group's rate limit has a token again (best effort:
+    /// `None` when that could not be read).
+    pub(crate) async fn next_token_in(
+        &self,
+        queue: String,
+        group: String,
+    ) -> Option<std::time::Duration> {
+        let (reply, rx) = oneshot::channel();
+        let request = Request::NextToken {
+            queue,
+            group,
+            reply,
+        };
+        self.tx.send(request).ok()?;
+        rx.await.ok().flatten()
     }
 
     /// Notes an error on an attempt whose own transaction could not (best effort).
@@ -204,10 +236,23 @@ async fn process(
     }
     for request in others {
         match request {
-            Request::Forget { attempts, reply } => {
+            Request::Forget {
+                attempts,
+                unstarted,
+                reply,
+            } => {
                 let (ids, numbers): (Vec<i64>, Vec<i32>) = attempts.into_iter().unzip();
-                let result = sql::forget_attempts(conn, &ids, &numbers).await;
+                let result = sql::forget_attempts(conn, &ids, &numbers, unstarted).await;
                 let _ = reply.send(());
+                result?;
+            }
+            Request::NextToken {
+                queue,
+                group,
+                reply,
+            } => {
+                let result = sql::next_token_in(conn, &queue, &group).await;
+                let _ = reply.send(result.as_ref().ok().copied());
                 result?;
             }
             Request::NoteError { id, attempt, error } => {
@@ -232,6 +277,9 @@ fn fail_all(batch: Vec<Request>, message: &str) {
             }
             Request::Forget { reply, .. } | Request::CancelBackend { reply, .. } => {
                 let _ = reply.send(());
+            }
+            Request::NextToken { reply, .. } => {
+                let _ = reply.send(None);
             }
             Request::NoteError { .. } => {}
         }

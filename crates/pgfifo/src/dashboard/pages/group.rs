@@ -1,6 +1,6 @@
 //! `GET /queues/{queue}/groups/{group}`: one group: where it stands and
-//! why, its head, the jobs that wait behind it, its recent history, and the
-//! actions that move it.
+//! why, its head, its limits, the jobs that wait behind it, its recent
+//! history, and the actions that move it.
 
 use std::sync::Arc;
 
@@ -8,10 +8,10 @@ use axum::extract::{Path, State};
 use maud::{html, Markup};
 
 use super::{conn, first_line, reason, Ctx};
-use crate::admin::{self, GroupInfo, GroupState, JobQuery, JobStateFilter, JobSummary};
+use crate::admin::{self, GroupInfo, GroupState, JobQuery, JobStateFilter, JobSummary, SetLimits};
 use crate::dashboard::fail::Fail;
 use crate::dashboard::html::{
-    ago, at, group_badge, job_badge, job_href, jobs, queue_href, thousands,
+    ago, at, group_badge, job_badge, job_href, jobs, queue_href, thousands, until,
 };
 use crate::dashboard::Shared;
 
@@ -39,6 +39,8 @@ pub(crate) async fn page(
     };
     let waiting = admin::jobs(&mut conn, &listing(JobStateFilter::Queued, true)).await?;
     let history = admin::group_history(&mut conn, &queue, &group, SHOWN).await?;
+    let own = admin::limits_of(&mut conn, &queue, Some(&group)).await?;
+    let defaults = admin::limits_of(&mut conn, &queue, None).await?;
     drop(conn);
     let body = html! {
         p { a href=(queue_href(&ctx.base, &queue)) { "← queue " (queue) } }
@@ -53,6 +55,8 @@ pub(crate) async fn page(
             @if let Some(t) = info.paused_at { dt { "paused at" } dd { (at(t)) } }
             @if let Some(e) = &info.head_error { dt { "head's last error" } dd.error { (e) } }
         }
+        h2 { "Limits" }
+        (limits(&ctx, &info, own.as_ref(), defaults.as_ref()))
         h2 { "Next jobs" }
         (job_table(&ctx, &waiting, "No job waiting."))
         h2 { "Recent history" }
@@ -82,6 +86,71 @@ fn actions(ctx: &Ctx, queue: &str, info: &GroupInfo) -> Markup {
             } @else {
                 (form.button("pause-group", &fields, "Pause group",
                     &format!("Pause group {}? Its running job finishes; no other starts until it is resumed.", info.group), true))
+            }
+        }
+    }
+}
+
+/// The limits that apply to the group now, each with where it comes from
+/// (the group's own setting, the queue's default, or neither), its tokens,
+/// and its snooze.
+fn limits(
+    ctx: &Ctx,
+    info: &GroupInfo,
+    own: Option<&SetLimits>,
+    defaults: Option<&SetLimits>,
+) -> Markup {
+    // Where a setting comes from: `otherwise` when neither row sets it.
+    let from = |set: fn(&SetLimits) -> bool, otherwise: &'static str| {
+        if own.is_some_and(set) {
+            "set for this group"
+        } else if defaults.is_some_and(set) {
+            "the queue's default"
+        } else {
+            otherwise
+        }
+    };
+    let burst = info.burst.or(info.rate.map(|r| r.count()));
+    html! {
+        dl.facts #limits {
+            dt { "concurrency" }
+            dd {
+                (info.concurrency) " at a time, " (info.running) " running now"
+                span.muted { " · " (from(|l| l.concurrency.is_some(), "not set: the default")) }
+            }
+            dt { "rate" }
+            dd {
+                @if let Some(rate) = info.rate {
+                    (rate)
+                    span.muted { " · " (from(|l| l.rate.is_some(), "not set")) }
+                } @else {
+                    "no rate limit"
+                }
+            }
+            @if let (Some(_), Some(burst)) = (info.rate, burst) {
+                dt { "burst" }
+                dd {
+                    (burst)
+                    span.muted { " · " (from(|l| l.burst.is_some(), "not set: the rate's count")) }
+                }
+            }
+            @if let Some(tokens) = info.tokens {
+                dt { "tokens now" }
+                dd { (format!("{:.1}", tokens.max(0.0))) span.muted { " · a start takes one" } }
+            }
+            dt { "weight" }
+            dd {
+                (info.weight)
+                span.muted { " · " (from(|l| l.weight.is_some(), "not set: the default")) }
+            }
+            @if let Some(t) = info.snoozed_until {
+                dt { "snoozed until" }
+                dd {
+                    (at(t)) " (in " (ago(until(t))) ")"
+                    @if let Some(id) = info.head {
+                        ", by " a href=(job_href(&ctx.base, id)) { "job " (id) }
+                    }
+                }
             }
         }
     }

@@ -95,30 +95,90 @@ $$;
 
 -- Takes one token from the bucket of each rate-limited group of the jobs
 -- p_ids, starting at p_now. Called by start_attempts, in its transaction,
--- with the time it records as the attempts' start.
-CREATE OR REPLACE FUNCTION pgfifo.take_tokens(p_ids bigint[], p_now timestamptz) RETURNS void
+-- with the time it records as the attempts' start. Returns the jobs whose
+-- group had no token left: they must not start. (That happens when several
+-- jobs of a group with concurrency above 1 were picked for one token, or
+-- when the limits changed since the pick looked.) The bucket row's lock
+-- orders concurrent takes of one group.
+CREATE OR REPLACE FUNCTION pgfifo.take_start_tokens(p_ids bigint[], p_now timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    v_job     record;
+    v_now     timestamptz := p_now;
+    v_tokens  double precision;
+    v_refused bigint[] := '{}';
+BEGIN
+    FOR v_job IN
+        SELECT j.id, j.queue, j.group_id FROM pgfifo.job AS j
+        WHERE j.id = ANY (p_ids) AND j.group_id IS NOT NULL
+          AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
+        ORDER BY j.id
+    LOOP
+        -- Lock the bucket first (if it has a row), so that the tokens read
+        -- next are the newest.
+        PERFORM 1 FROM pgfifo.group_bucket AS b
+        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
+        v_tokens := pgfifo.group_tokens(v_job.queue, v_job.group_id, v_now);
+        CONTINUE WHEN v_tokens IS NULL;
+        IF v_tokens < 1 - 1e-9 THEN
+            v_refused := v_refused || v_job.id;
+            CONTINUE;
+        END IF;
+        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at)
+        VALUES (v_job.queue, v_job.group_id, v_tokens - 1, v_now)
+        ON CONFLICT (queue, group_id) DO UPDATE SET tokens = excluded.tokens, at = excluded.at;
+    END LOOP;
+    RETURN v_refused;
+END
+$$;
+
+-- Gives back the tokens of starts that never ran their handler (jobs
+-- handed back unstarted) and deletes their attempt records: (p_ids[i],
+-- p_attempts[i]). Called by the runner on its bookkeeping connection, in
+-- its own transaction.
+CREATE OR REPLACE FUNCTION pgfifo.forget_attempts(p_ids bigint[], p_attempts integer[])
+RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
 AS $$
 DECLARE
     v_job    record;
-    v_now    timestamptz := p_now;
+    v_now    timestamptz := clock_timestamp();
     v_tokens double precision;
+    v_rate   record;
+    v_n      integer := 0;
 BEGIN
     FOR v_job IN
-        SELECT j.queue, j.group_id FROM pgfifo.job AS j
-        WHERE j.id = ANY (p_ids) AND j.group_id IS NOT NULL
-          AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
+        WITH gone AS (
+            DELETE FROM pgfifo.job_attempt AS a
+            USING unnest(p_ids, p_attempts) AS t(job_id, attempt)
+            WHERE a.job_id = t.job_id AND a.attempt = t.attempt
+            RETURNING a.job_id)
+        SELECT j.queue, j.group_id FROM gone JOIN pgfifo.job AS j ON j.id = gone.job_id
         ORDER BY j.id
     LOOP
+        v_n := v_n + 1;
+        CONTINUE WHEN v_job.group_id IS NULL;
+        SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
+        CONTINUE WHEN v_rate.rate_count IS NULL;
+        PERFORM 1 FROM pgfifo.group_bucket AS b
+        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
         v_tokens := pgfifo.group_tokens(v_job.queue, v_job.group_id, v_now);
-        CONTINUE WHEN v_tokens IS NULL;
-        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at)
-        VALUES (v_job.queue, v_job.group_id, v_tokens - 1, v_now)
-        ON CONFLICT (queue, group_id) DO UPDATE SET tokens = excluded.tokens, at = excluded.at;
+        UPDATE pgfifo.group_bucket AS b SET tokens = least(v_tokens + 1, v_rate.burst), at = v_now
+        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id;
     END LOOP;
+    RETURN v_n;
 END
 $$;
+
+-- In how many microseconds the group's next token is due (0: it has one,
+-- or no rate limit).
+CREATE OR REPLACE FUNCTION pgfifo.next_token_in(p_queue text, p_group text) RETURNS bigint
+LANGUAGE sql STABLE
+RETURN pgfifo.micros_until(pgfifo.token_due(p_queue, p_group, clock_timestamp()), clock_timestamp());
 
 -- Creates the slot rows 0 .. p_n - 1 of a group that are missing. Never
 -- waits: rows that exist (locked by running jobs or not) are left alone.

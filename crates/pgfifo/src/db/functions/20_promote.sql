@@ -153,6 +153,12 @@ BEGIN
             ready_later_us := ready_later_us
                               || pgfifo.micros_until(v_due, clock_timestamp());
         END IF;
+        -- A group that may run several jobs at once has a slot row for each.
+        IF v_controlled THEN
+            PERFORM pgfifo.ensure_slots(v_wake.queue, v_wake.group_id, l.concurrency)
+            FROM pgfifo.group_limits(v_wake.queue, v_wake.group_id) AS l
+            WHERE l.concurrency > 1;
+        END IF;
     END LOOP;
     promoted := v_taken;
 END

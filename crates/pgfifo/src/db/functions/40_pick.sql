@@ -50,6 +50,17 @@
 -- that turns out empty after a job was picked is skipped (its lock is kept
 -- until T ends, which only delays it a moment).
 --
+-- Slots. A group whose concurrency N is above 1 (group controls, only in
+-- queues with rows in pgfifo.group_control) is not held by its group row:
+-- each of its running jobs holds one of its slot rows 0 .. N-1
+-- (pgfifo.group_slot) FOR UPDATE, with its job row, until T ends. So at
+-- most N run, whatever the runners, and a crash frees the slot with the
+-- transaction. The job is the oldest queued job of the group that nobody
+-- holds, read with a snapshot taken after the slot's lock; if that job may
+-- not start yet (it waits for its retry or its time), nothing of the group
+-- starts. Such a group's row is written only briefly, by complete, promote
+-- and parking, never held for a job's run. One job per group per pick.
+--
 -- A worker that stops without closing its connection (frozen by SIGSTOP, a
 -- stalled VM) would hold its groups forever. pick therefore bounds how long T
 -- may sit idle: p_idle_ms[i] for jobs of kind p_kinds[i], p_default_idle_ms
@@ -105,6 +116,8 @@ DECLARE
     v_prio    smallint;
     v_controlled boolean;
     v_due     timestamptz;
+    v_conc    integer;
+    v_shared  text[] := '{}';
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
@@ -159,6 +172,78 @@ BEGIN
                             v_seen := v_seen + 1;
                             v_more := v_count > 0 AND v_seen > 2 * v_limit + 8;
                             EXIT queues WHEN v_more;
+                            -- A group that may run more than one job at once
+                            -- (concurrency N > 1): see "Slots" below.
+                            v_conc := 1;
+                            IF v_controlled THEN
+                                SELECT l.concurrency INTO v_conc
+                                FROM pgfifo.group_limits(v_q, v_cand.group_id) AS l;
+                            END IF;
+                            IF v_conc > 1 THEN
+                                CONTINUE WHEN v_cand.group_id = ANY (v_shared);
+                                PERFORM 1 FROM pgfifo.group_slot AS s
+                                WHERE s.queue = v_q AND s.group_id = v_cand.group_id AND s.slot < v_conc
+                                ORDER BY s.slot LIMIT 1
+                                FOR UPDATE SKIP LOCKED;
+                                IF FOUND THEN
+                                    SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
+                                           EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                                   WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+                                    INTO v_group
+                                    FROM pgfifo.queue_group AS g
+                                    WHERE g.queue = v_q AND g.group_id = v_cand.group_id;
+                                    CONTINUE WHEN v_group.ready_at IS NULL OR v_group.ready_at > v_now
+                                                  OR v_group.head_id IS NULL;
+                                    IF v_group.paused THEN
+                                        -- Parked like any paused group (below),
+                                        -- with its row locked for the moment
+                                        -- until the caller commits.
+                                        CONTINUE WHEN v_count > 0;
+                                        PERFORM 1 FROM pgfifo.queue_group AS g
+                                        WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                                        FOR UPDATE OF g SKIP LOCKED;
+                                        CONTINUE WHEN NOT FOUND;
+                                        IF pg_try_advisory_xact_lock(1885824614,
+                                                                     pgfifo.group_lock_key(v_q, v_group.group_id)) THEN
+                                            UPDATE pgfifo.queue_group AS g
+                                            SET head_id = NULL, ready_at = NULL, idle_since = v_now
+                                            WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                        END IF;
+                                        RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                            NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                        RETURN;
+                                    END IF;
+                                    CONTINUE WHEN pgfifo.token_due(v_q, v_cand.group_id, v_now) > v_now;
+                                    -- The oldest of its jobs that no one runs,
+                                    -- if it may start now: one that waits for
+                                    -- its retry (or its time) holds back the
+                                    -- jobs behind it, and so does an older job
+                                    -- that failed an attempt, until it succeeds
+                                    -- (or is cancelled or skipped), as with a
+                                    -- concurrency of 1.
+                                    SELECT * INTO v_job FROM pgfifo.job AS j
+                                    WHERE j.queue = v_q AND j.group_id = v_cand.group_id AND j.state = 'queued'
+                                    ORDER BY j.id LIMIT 1
+                                    FOR UPDATE SKIP LOCKED;
+                                    CONTINUE WHEN NOT FOUND OR v_job.run_after > v_now;
+                                    CONTINUE WHEN EXISTS (
+                                        SELECT 1 FROM pgfifo.job AS r
+                                        WHERE r.queue = v_q AND r.group_id = v_cand.group_id
+                                          AND r.state = 'queued' AND r.attempts > 0 AND r.id < v_job.id);
+                                    v_shared := v_shared || v_cand.group_id;
+                                    v_jobs := v_jobs || v_job;
+                                    v_slots := v_slots || v_group.slot;
+                                    v_ids := v_ids || v_job.id;
+                                    v_count := v_count + 1;
+                                    EXIT queues WHEN v_count >= v_limit;
+                                    CONTINUE;
+                                END IF;
+                                -- Every slot busy; or no slot rows yet (made by
+                                -- promote and set_group_control): then the
+                                -- group row serves as its one slot, below.
+                                CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.group_slot AS s
+                                                      WHERE s.queue = v_q AND s.group_id = v_cand.group_id);
+                            END IF;
                             -- (A pause committed while this statement runs is
                             -- seen by the next pick.)
                             SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
@@ -229,8 +314,12 @@ BEGIN
                                 IF EXISTS (SELECT 1 FROM pgfifo.job AS j
                                            WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
                                     -- Locked by an operator's transaction (never by
-                                    -- a runner without the group): leave the group
-                                    -- to it.
+                                    -- a runner without the group), or running in
+                                    -- a slot of a group whose concurrency was
+                                    -- just lowered to 1: leave the group to it
+                                    -- (in a queue with group controls, go on
+                                    -- looking: this may last a job's run).
+                                    CONTINUE WHEN v_controlled;
                                     RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
                                                         NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
                                     RETURN;

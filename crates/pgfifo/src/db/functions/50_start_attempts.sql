@@ -21,16 +21,18 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now     timestamptz := clock_timestamp();
+    v_refused bigint[] := '{}';
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     -- Rate-limited groups take a token per start, in this transaction: a
     -- start counts against the limit even if its runner dies mid-run. (A
     -- job that has no attempt left takes one too: it is a moment from being
-    -- marked failed, and never runs.)
+    -- marked failed, and never runs.) A job whose group had no token left
+    -- does not start: it is returned with attempt 0, and no record.
     IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
-            PERFORM pgfifo.take_tokens(p_ids, v_now);
+            v_refused := pgfifo.take_start_tokens(p_ids, v_now);
         END IF;
     END IF;
     RETURN QUERY
@@ -38,7 +40,8 @@ BEGIN
     SELECT t.id, coalesce(m.n, 0) + 1, p_runner, v_now
     FROM unnest(p_ids, p_max) AS t(id, max_attempts)
     CROSS JOIN LATERAL (SELECT max(x.attempt) AS n FROM pgfifo.job_attempt x WHERE x.job_id = t.id) AS m
-    WHERE coalesce(m.n, 0) < t.max_attempts
+    WHERE coalesce(m.n, 0) < t.max_attempts AND t.id <> ALL (v_refused)
     RETURNING a.job_id, a.attempt;
+    RETURN QUERY SELECT r.id, 0 FROM unnest(v_refused) AS r(id);
 END
 $$;

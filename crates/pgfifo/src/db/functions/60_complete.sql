@@ -52,6 +52,8 @@ DECLARE
     v_group    text;
     v_outcome  text;
     v_due      timestamptz;
+    v_controlled boolean := false;
+    v_inactive text[] := '{}';
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
@@ -66,6 +68,24 @@ BEGIN
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
     END IF;
     ready_now := false;
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+        v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = ANY (p_queues));
+    END IF;
+    IF v_controlled THEN
+        -- A group whose concurrency is above 1 is not held by its jobs'
+        -- transactions (see pick): lock the rows of this call's groups now,
+        -- in one order so that two calls cannot deadlock (a no-op for the
+        -- groups this transaction holds already), and leave alone the groups
+        -- that another job held or parked meanwhile (ready_at NULL).
+        SELECT coalesce(array_agg(l.queue || chr(31) || l.group_id) FILTER (WHERE l.ready_at IS NULL), '{}')
+        INTO v_inactive
+        FROM (SELECT g.queue, g.group_id, g.ready_at
+              FROM pgfifo.queue_group AS g
+              JOIN (SELECT DISTINCT t.q, t.grp FROM unnest(p_queues, p_groups) AS t(q, grp)) AS d
+                ON g.queue = d.q AND g.group_id = d.grp
+              ORDER BY g.queue, g.group_id
+              FOR UPDATE OF g) AS l;
+    END IF;
     -- The common case: the group has a next job, which becomes the head (a
     -- HOT update when it is ready at once). Not for retries (the job stays
     -- the head) nor for failures that hold their group. For several jobs, in
@@ -75,6 +95,7 @@ BEGIN
             SELECT t.done_id, t.q, t.grp
             FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
             WHERE t.grp IS NOT NULL AND t.outcome NOT IN ('retry', 'snoozed')
+              AND NOT (t.q || chr(31) || t.grp) = ANY (v_inactive)
               AND NOT (t.outcome = 'failed'
                        AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                                    WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
@@ -109,13 +130,27 @@ BEGIN
             END IF;
         END IF;
         CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
+        IF (v_queue || chr(31) || v_group) = ANY (v_inactive) THEN
+            -- Held or parked while this job ran beside others of its group
+            -- (concurrency above 1): its head is not this job's to move. A
+            -- failure for good under 'hold' holds a parked group.
+            IF v_outcome = 'failed'
+               AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                           WHERE s.queue = v_queue AND s.failure_policy = 'hold') THEN
+                UPDATE pgfifo.queue_group SET head_id = v_id
+                WHERE queue = v_queue AND group_id = v_group AND head_id IS NULL;
+            END IF;
+            CONTINUE;
+        END IF;
+        -- (A later time than the group's: with concurrency above 1, another
+        -- of its jobs may have set one.)
         IF v_outcome = 'retry' THEN
             UPDATE pgfifo.queue_group
-            SET ready_at = v_now + p_retry_delay_us[v_i] * interval '1 microsecond'
+            SET ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
             WHERE queue = v_queue AND group_id = v_group;
         ELSIF v_outcome = 'snoozed' THEN
             UPDATE pgfifo.queue_group
-            SET ready_at = v_now + p_retry_delay_us[v_i] * interval '1 microsecond',
+            SET ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond'),
                 snoozed_until = v_now + p_retry_delay_us[v_i] * interval '1 microsecond',
                 snoozed_by = v_id
             WHERE queue = v_queue AND group_id = v_group;
@@ -157,8 +192,7 @@ BEGIN
     END LOOP;
     -- A rate-limited group that advanced (or retries) with its bucket empty
     -- waits for its next token: nothing picks it before then.
-    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
-      IF EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = ANY (p_queues)) THEN
+    IF v_controlled THEN
         FOR v_i IN 1 .. v_n LOOP
             CONTINUE WHEN p_groups[v_i] IS NULL OR p_outcomes[v_i] = 'snoozed';
             v_due := pgfifo.token_due(p_queues[v_i], p_groups[v_i], v_now);
@@ -170,7 +204,6 @@ BEGIN
                 ready_later_us := ready_later_us || pgfifo.micros_until(v_due, v_now);
             END IF;
         END LOOP;
-      END IF;
     END IF;
     IF v_n = 1 THEN
         UPDATE pgfifo.job SET

@@ -115,7 +115,7 @@ pub(super) async fn run_attempt(
             drop(run);
             lanes
                 .bookkeeper
-                .forget_attempts(vec![(job.id, attempt)])
+                .forget_attempts(vec![(job.id, attempt)], false)
                 .await;
             tracing::warn!("job aborted by shutdown; it will run again");
             let discarded = !used_conn

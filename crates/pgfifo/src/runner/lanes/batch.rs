@@ -120,6 +120,20 @@ pub(super) async fn run_batch(
         }
     };
     let mut jobs: Vec<Slot> = jobs.into_iter().zip(attempts).collect();
+    // Jobs whose group's rate limit had no token left (attempt 0, nothing
+    // recorded) do not start: handed back, looked at again with the
+    // group's next token.
+    if jobs.iter().any(|(_, attempt)| *attempt == Some(0)) {
+        let (throttled, rest): (Vec<Slot>, Vec<Slot>) = jobs
+            .into_iter()
+            .partition(|(_, attempt)| *attempt == Some(0));
+        jobs = rest;
+        throttled_back(lanes, throttled).await;
+        if jobs.is_empty() {
+            let _ = conn.rollback().await;
+            return Ok(Finished::rolled_back());
+        }
+    }
     // A job on its last attempt must not have it counted while it waits
     // behind other handlers: if the process died meanwhile, it would fail
     // without having run. Its record is taken back now and made again just
@@ -131,7 +145,10 @@ pub(super) async fn run_batch(
             *attempt = None;
         }
     }
-    lanes.bookkeeper.forget_attempts(deferred.clone()).await;
+    lanes
+        .bookkeeper
+        .forget_attempts(deferred.clone(), true)
+        .await;
 
     // Otherwise wait for a free permit: at most `concurrency` handlers run
     // at once. Lanes beyond that have their next jobs picked, locked and
@@ -252,6 +269,23 @@ pub(super) async fn run_batch(
     Ok(finished)
 }
 
+/// Jobs refused a start by their groups' rate limits: nothing to forget;
+/// the timer wakes a lane when the first of their groups has a token again.
+async fn throttled_back(lanes: &Lanes, jobs: Vec<Slot>) {
+    tracing::debug!(jobs = jobs.len(), "jobs not started: no token left");
+    let mut soonest: Option<Duration> = None;
+    for (job, _) in jobs {
+        if let Some(group) = job.group_id {
+            if let Some(due) = lanes.bookkeeper.next_token_in(job.queue, group).await {
+                soonest = Some(soonest.map_or(due, |s| s.min(due)));
+            }
+        }
+    }
+    lanes
+        .timer
+        .add(soonest.unwrap_or(Duration::from_millis(50)));
+}
+
 /// Forgets the attempts of jobs that were picked but not started; they are
 /// released when the transaction ends and picked again.
 async fn hand_back(lanes: &Lanes, jobs: impl IntoIterator<Item = Slot>) {
@@ -265,5 +299,5 @@ async fn hand_back(lanes: &Lanes, jobs: impl IntoIterator<Item = Slot>) {
             "jobs handed back before they started"
         );
     }
-    lanes.bookkeeper.forget_attempts(attempts).await;
+    lanes.bookkeeper.forget_attempts(attempts, true).await;
 }

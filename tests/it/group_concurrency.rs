@@ -1,0 +1,267 @@
+//! Semantic 11, a group's concurrency N: up to N of its jobs run at once,
+//! never more, and they start in FIFO order; a job that failed an attempt
+//! holds back the jobs behind it until it succeeds; a rate limit holds when
+//! N jobs race for its tokens. The multi-process check, with a runner
+//! killed mid-job, is in `multiprocess/concurrency.rs`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pgfifo::admin;
+use pgfifo::runner::{JobEvent, JobOutcome};
+use pgfifo::{async_trait, GroupLimits, Handler, Job, JobContext, JobError, Rate};
+use pgfifo_tests::{test_config, TestDb};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// Handler runs: (database name, job id, start, end) on this process's
+/// monotonic clock. Keyed by database, as tests run side by side.
+static RUNS: Mutex<Vec<(String, i64, Instant, Instant)>> = Mutex::new(Vec::new());
+
+/// Sleeps `sleep_ms`; fails its first attempt (retry after `retry_ms`) when
+/// `fail_once`.
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(queue = "conc", max_attempts = 3)]
+struct ConcJob {
+    db: String,
+    sleep_ms: u64,
+    #[serde(default)]
+    fail_once: bool,
+    #[serde(default)]
+    retry_ms: u64,
+}
+
+#[async_trait]
+impl Handler for ConcJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_millis(self.sleep_ms)).await;
+        RUNS.lock()
+            .unwrap()
+            .push((self.db.clone(), ctx.id(), start, Instant::now()));
+        if self.fail_once && ctx.attempt() == 1 {
+            return Err(JobError::retry_after(
+                Duration::from_millis(self.retry_ms),
+                "first attempt fails",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn job(db: &TestDb, sleep_ms: u64) -> ConcJob {
+    ConcJob {
+        db: db.name.clone(),
+        sleep_ms,
+        fail_once: false,
+        retry_ms: 0,
+    }
+}
+
+/// The runs of `ids` recorded for `db`: (id, start, end), by start.
+fn runs(db: &TestDb, ids: &[i64]) -> Vec<(i64, Instant, Instant)> {
+    let mut runs: Vec<_> = RUNS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.0 == db.name && ids.contains(&r.1))
+        .map(|r| (r.1, r.2, r.3))
+        .collect();
+    runs.sort_by_key(|r| r.1);
+    runs
+}
+
+/// The most of `runs` in progress at one instant.
+fn peak(runs: &[(i64, Instant, Instant)]) -> usize {
+    let mut edges: Vec<(Instant, i32)> = runs.iter().flat_map(|r| [(r.1, 1), (r.2, -1)]).collect();
+    edges.sort();
+    let (mut now, mut peak) = (0, 0);
+    for (_, delta) in edges {
+        now += delta;
+        peak = peak.max(now);
+    }
+    peak as usize
+}
+
+async fn enqueue_all(db: &TestDb, jobs: Vec<ConcJob>, group: &str) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for job in jobs {
+        ids.push(db.enqueue(job, group).await);
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_runs_up_to_its_concurrency_in_fifo_start_order() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_group_limits(&mut conn, "conc", "wide", GroupLimits::new().concurrency(3))
+        .await
+        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(8)).await;
+    let wide = enqueue_all(&db, (0..24).map(|_| job(&db, 100)).collect(), "wide").await;
+    let narrow = enqueue_all(&db, (0..6).map(|_| job(&db, 50)).collect(), "narrow").await;
+    let began = Instant::now();
+    db.wait_jobs_in(&wide, "succeeded", LIMIT).await;
+    let took = began.elapsed();
+    db.wait_jobs_in(&narrow, "succeeded", LIMIT).await;
+    let info = admin::group(&mut conn, "conc", "wide")
+        .await
+        .unwrap()
+        .unwrap();
+    runner.shutdown().await.unwrap();
+
+    let wide_runs = runs(&db, &wide);
+    assert_eq!(wide_runs.len(), 24, "each job ran once");
+    assert_eq!(peak(&wide_runs), 3, "the wide group's peak concurrency");
+    // FIFO starts: when a job's handler began, every older job had begun
+    // (two jobs picked together begin in either order, a moment apart),
+    // and fewer than three older ones were still running.
+    let jitter = Duration::from_millis(30);
+    for (k, later) in wide_runs.iter().enumerate() {
+        let (id, start, _) = *later;
+        let not_begun: Vec<i64> = wide_runs
+            .iter()
+            .filter(|r| r.0 < id && r.1 > start + jitter)
+            .map(|r| r.0)
+            .collect();
+        assert!(
+            not_begun.is_empty(),
+            "job {id} (#{k}) began before {not_begun:?}"
+        );
+        let older_running = wide_runs
+            .iter()
+            .filter(|r| r.0 < id && r.1 <= start && r.2 > start)
+            .count();
+        assert!(
+            older_running < 3,
+            "job {id} began beside {older_running} older ones"
+        );
+    }
+    // 24 jobs of 100 ms, three at a time: about 0.8 s, far from 2.4 s.
+    assert!(
+        took < Duration::from_millis(1_800),
+        "the wide group took {took:?}"
+    );
+    // A group without limits still runs one job at a time.
+    assert_eq!(peak(&runs(&db, &narrow)), 1);
+    assert_eq!((info.concurrency, info.own_limits), (3, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_holds_back_the_jobs_behind_it_until_it_succeeds() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_group_limits(&mut conn, "conc", "r", GroupLimits::new().concurrency(3))
+        .await
+        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(6)).await;
+    let mut events = runner.subscribe();
+    let mut jobs: Vec<ConcJob> = (0..8).map(|_| job(&db, 60)).collect();
+    jobs[1].fail_once = true;
+    jobs[1].retry_ms = 300;
+    let ids = enqueue_all(&db, jobs, "r").await;
+    let failing = ids[1];
+    let retried_at = wait_for(&mut events, failing, |o| {
+        matches!(o, JobOutcome::Retrying { .. })
+    })
+    .await;
+    wait_for(&mut events, failing, |o| *o == JobOutcome::Succeeded).await;
+    db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
+    runner.shutdown().await.unwrap();
+
+    let all = runs(&db, &ids);
+    let second = all
+        .iter()
+        .filter(|r| r.0 == failing)
+        .nth(1)
+        .expect("the failing job ran twice");
+    // From its failure until its second run succeeded, no job behind it
+    // started.
+    let behind: Vec<_> = all
+        .iter()
+        .filter(|r| r.0 > failing && r.1 > retried_at && r.1 < second.2)
+        .collect();
+    assert!(behind.is_empty(), "started behind a failed job: {behind:?}");
+    assert!(
+        second.1 >= retried_at,
+        "the retry started before its failure was written"
+    );
+    assert!(peak(&all) <= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_when_slots_race_for_its_tokens() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let limits = GroupLimits::new()
+        .concurrency(4)
+        .rate(Rate::per_second(10).unwrap())
+        .burst(2);
+    admin::set_group_limits(&mut conn, "conc", "rl", limits)
+        .await
+        .unwrap();
+    let runner = db
+        .start_runner(
+            test_config()
+                .concurrency(8)
+                .poll_interval(Duration::from_secs(30)),
+        )
+        .await;
+    let ids = enqueue_all(&db, (0..16).map(|_| job(&db, 5)).collect(), "rl").await;
+    db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
+    runner.shutdown().await.unwrap();
+
+    let starts: Vec<f64> = db
+        .text(
+            "SELECT string_agg((extract(epoch FROM a.started_at))::text, ',' ORDER BY a.started_at)
+             FROM pgfifo.job_attempt AS a JOIN pgfifo.job AS j ON j.id = a.job_id
+             WHERE j.group_id = 'rl'",
+        )
+        .await
+        .unwrap()
+        .split(',')
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(
+        starts.len(),
+        16,
+        "one start per job: none refused was counted"
+    );
+    let mut worst = f64::MIN;
+    for i in 0..starts.len() {
+        for j in i..starts.len() {
+            let bound = 2.0 + 10.0 * (starts[j] - starts[i]);
+            worst = worst.max((j - i + 1) as f64 - bound);
+        }
+    }
+    assert!(
+        worst <= 0.001,
+        "a window exceeded burst + rate × t by {worst}"
+    );
+    // Fourteen tokens at 10 a second, woken for each (polls every 30 s).
+    let span = starts[15] - starts[0];
+    assert!((1.39..3.5).contains(&span), "16 starts took {span:.3} s");
+}
+
+/// Waits for the event of job `id` that satisfies `pred`; returns when it
+/// arrived.
+async fn wait_for(
+    rx: &mut broadcast::Receiver<JobEvent>,
+    id: i64,
+    pred: impl Fn(&JobOutcome) -> bool,
+) -> Instant {
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            match rx.recv().await {
+                Ok(event) if event.id == id && pred(&event.outcome) => return Instant::now(),
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("runner events closed"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no matching event for job {id} within {LIMIT:?}"))
+}
