@@ -78,6 +78,8 @@ struct Worker {
 /// when the test failed and removed otherwise.
 pub(crate) struct Workers {
     procs: Vec<Worker>,
+    /// The records files of workers killed with SIGKILL (possibly torn).
+    killed: Vec<PathBuf>,
     dir: PathBuf,
 }
 
@@ -112,6 +114,7 @@ impl Workers {
         std::fs::create_dir_all(&dir).expect("create the records directory");
         let mut workers = Workers {
             procs: Vec::new(),
+            killed: Vec::new(),
             dir,
         };
         let mut ready = Vec::new();
@@ -186,13 +189,31 @@ impl Workers {
     }
 
     /// Panics if a worker has exited.
-    /// Every handler run the workers recorded so far.
+    /// Every handler run the workers recorded so far (a killed worker's
+    /// complete lines).
     pub(crate) fn runs(&self) -> Vec<Run> {
         let mut runs = Vec::new();
         for w in &self.procs {
             runs.extend(records::read_runs(&w.records).unwrap());
         }
+        for path in &self.killed {
+            runs.extend(records::read_runs_lenient(path));
+        }
         runs
+    }
+
+    /// Kills the worker with process id `pid` with SIGKILL, mid-whatever it
+    /// does, and waits for it to be gone. Panics if there is none.
+    pub(crate) fn kill(&mut self, pid: u32) {
+        let i = self
+            .procs
+            .iter()
+            .position(|w| w.child.id() == pid)
+            .unwrap_or_else(|| panic!("no worker with pid {pid}"));
+        let mut worker = self.procs.remove(i);
+        worker.child.kill().expect("SIGKILL a worker");
+        worker.child.wait().expect("wait for a killed worker");
+        self.killed.push(worker.records);
     }
 
     pub(crate) fn assert_running(&mut self) {

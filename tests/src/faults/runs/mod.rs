@@ -336,24 +336,54 @@ pub fn by_group(intervals: &[Interval]) -> BTreeMap<u32, Vec<Interval>> {
     groups
 }
 
-/// Pairs of runs of one group that overlap in time: `(earlier, later)` where
-/// `later` started before `earlier` lost its group.
-pub fn overlaps(intervals: &[Interval]) -> Vec<(Interval, Interval)> {
-    let mut found = Vec::new();
-    for group in by_group(intervals).values() {
-        let mut latest: Option<Interval> = None;
+/// How many runs of each group went at once, and where a group went over
+/// its limit.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AtOnce {
+    /// Every run that started while its group's limit of runs (or more)
+    /// still went: `(those runs, the run)`.
+    pub over: Vec<(Vec<Interval>, Interval)>,
+    /// The most runs of each group at the same instant.
+    pub peaks: BTreeMap<u32, usize>,
+}
+
+/// Counts the runs of each group that went at once; `limit(grp)` is how
+/// many the group may run at the same instant (its concurrency N). A run
+/// that starts at the very instant another ends counts as overlapping it.
+pub fn at_once(intervals: &[Interval], limit: impl Fn(u32) -> usize) -> AtOnce {
+    let mut found = AtOnce::default();
+    for (grp, group) in by_group(intervals) {
+        let limit = limit(grp).max(1);
+        let mut going: Vec<Interval> = Vec::new();
+        let mut peak = 0usize;
         for i in group {
-            if let Some(prev) = latest {
-                if i.start <= prev.end {
-                    found.push((prev, *i));
-                }
+            going.retain(|g| g.end >= i.start);
+            if going.len() >= limit {
+                found.over.push((going.clone(), i));
             }
-            if latest.is_none_or(|p| i.end > p.end) {
-                latest = Some(*i);
-            }
+            going.push(i);
+            peak = peak.max(going.len());
         }
+        found.peaks.insert(grp, peak);
     }
     found
+}
+
+/// Pairs of runs of one group that overlap in time: `(earlier, later)` where
+/// `later` started before `earlier` lost its group (for groups that run one
+/// job at a time; [`at_once`] for any limit).
+pub fn overlaps(intervals: &[Interval]) -> Vec<(Interval, Interval)> {
+    at_once(intervals, |_| 1)
+        .over
+        .into_iter()
+        .map(|(going, later)| {
+            let earlier = going
+                .into_iter()
+                .max_by_key(|g| g.end)
+                .expect("a run went on");
+            (earlier, later)
+        })
+        .collect()
 }
 
 /// Consecutive runs of one group (by start) whose `seq` goes down: a job

@@ -117,6 +117,11 @@ DECLARE
     v_controlled boolean;
     v_due     timestamptz;
     v_conc    integer;
+    v_weight  integer;
+    v_heaviest integer;
+    v_passed  boolean := false;
+    v_all     boolean := false;
+    v_turn_no bigint := floor(extract(epoch FROM statement_timestamp()) * 10)::bigint;
     v_shared  text[] := '{}';
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
@@ -128,6 +133,8 @@ BEGIN
         RAISE EXCEPTION 'pgfifo.pick must run in a job transaction (BEGIN; SELECT set_config(''pgfifo.job_transaction'', ''on'', true))'
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
     END IF;
+    <<sweeps>>
+    LOOP
     <<queues>>
     FOR v_i IN 0 .. coalesce(v_n, 0) - 1 LOOP
         v_q := p_queues[1 + (v_turn + v_i) % v_n];
@@ -136,6 +143,11 @@ BEGIN
         v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
         IF v_controlled THEN
             v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = v_q);
+        END IF;
+        v_heaviest := 1;
+        IF v_controlled THEN
+            SELECT coalesce(max(c.weight), 1) INTO v_heaviest
+            FROM pgfifo.group_control AS c WHERE c.queue = v_q;
         END IF;
         FOR v_kind IN 0 .. 1 LOOP
             IF (v_kind + v_turn) % 2 = 0 THEN
@@ -175,9 +187,27 @@ BEGIN
                             -- A group that may run more than one job at once
                             -- (concurrency N > 1): see "Slots" below.
                             v_conc := 1;
+                            v_weight := 1;
                             IF v_controlled THEN
-                                SELECT l.concurrency INTO v_conc
+                                SELECT l.concurrency, l.weight INTO v_conc, v_weight
                                 FROM pgfifo.group_limits(v_q, v_cand.group_id) AS l;
+                                -- Weights: time runs in turns of 20 ms, and a
+                                -- group of weight w may start jobs in w of
+                                -- every W turns in a row (W: the queue's
+                                -- heaviest weight; which ones follows from a
+                                -- hash of the group), the same for every
+                                -- runner. So groups with backlog start jobs in
+                                -- proportion to their weights while they
+                                -- compete for slots. Never at the cost of
+                                -- idling: a pick that found nothing after
+                                -- passing groups by sweeps again taking every
+                                -- one.
+                                IF v_weight < v_heaviest AND NOT v_all
+                                   AND (v_turn_no + (hashtext(v_cand.group_id) & 2147483647))
+                                       % v_heaviest >= v_weight THEN
+                                    v_passed := true;
+                                    CONTINUE;
+                                END IF;
                             END IF;
                             IF v_conc > 1 THEN
                                 CONTINUE WHEN v_cand.group_id = ANY (v_shared);
@@ -366,6 +396,18 @@ BEGIN
                 EXIT queues WHEN v_count >= v_limit;
             END IF;
         END LOOP;
+    END LOOP;
+    -- Groups passed by for their weights: a pick that found nothing sweeps
+    -- again taking every group, for one job (more would undo the weights);
+    -- one that found jobs tells the caller to look again after them.
+    EXIT sweeps WHEN NOT v_passed OR v_all;
+    IF v_count > 0 THEN
+        v_more := true;
+        EXIT sweeps;
+    END IF;
+    v_all := true;
+    v_seen := 0;
+    v_limit := 1;
     END LOOP;
     -- A pick that took all it could may have left other work ready: look
     -- (without locks; a ready group that another runner holds counts too).
