@@ -1,7 +1,8 @@
 //! `pgfifo`: the operator's command-line tool for pgfifo. Applies and
 //! reverts the schema migrations, shows queues, groups and jobs, and repairs
 //! them (retry, cancel, skip a head, pause and resume, failure policy,
-//! purge), and lists and steers recurring jobs. A thin layer over `pgfifo::admin` and `pgfifo::migrate`.
+//! purge), sets the limits of groups, and lists and steers recurring jobs.
+//! A thin layer over `pgfifo::admin` and `pgfifo::migrate`.
 
 mod args;
 mod commands;
@@ -78,9 +79,14 @@ enum Command {
     /// blocked groups (paused, held, retrying), the paused flag, the failure
     /// policy, live runners, and the groups with the largest backlogs.
     Status(StatusArgs),
-    /// The groups of a queue: backlog, head, and why one is blocked
+    /// The groups of a queue: backlog, head, limits, and why one is blocked
     ///
     /// Groups are listed in name order; page with --after and --limit.
+    /// RUNNING is the group's jobs running now and how many may run at once
+    /// (its concurrency). LIMIT is its rate limit and burst, its weight when
+    /// not 1, and `(own)` when the group has settings of its own (`pgfifo
+    /// group set`). TOKENS is what its token bucket holds now: each start
+    /// takes one.
     Groups(GroupsArgs),
     /// List jobs, newest first
     ///
@@ -189,6 +195,12 @@ enum Command {
         #[command(subcommand)]
         action: ScheduleAction,
     },
+    /// Set, reset and list the limits of groups: rate, burst, concurrency, weight
+    #[command(long_about = commands::limits::ABOUT)]
+    Group {
+        #[command(subcommand)]
+        action: commands::limits::GroupAction,
+    },
 }
 
 /// `pgfifo schedule ...`.
@@ -258,7 +270,7 @@ struct GroupsArgs {
     /// The queue.
     #[arg(long, value_name = "Q")]
     queue: String,
-    /// Only blocked groups (paused, held or retrying).
+    /// Only blocked groups (paused, held, retrying or snoozed).
     #[arg(long)]
     blocked: bool,
     /// Groups after this one in name order (for paging).
@@ -366,7 +378,7 @@ async fn run(cli: Cli) -> CliResult {
     };
     let mut conn = commands::connect(&url, cli.transaction_pooler).await?;
     let conn = &mut *conn;
-    use commands::{inspect, migrate, ops, schedules, status};
+    use commands::{inspect, limits, migrate, ops, schedules, status};
     match command {
         Command::Dashboard(_) => unreachable!("served above"),
         Command::Migrate { action } => match action {
@@ -435,6 +447,7 @@ async fn run(cli: Cli) -> CliResult {
             ScheduleAction::Resume { name } => schedules::pause(conn, out, &name, false).await,
             ScheduleAction::Delete { name } => schedules::delete(conn, out, &name).await,
         },
+        Command::Group { action } => limits::run(conn, out, action).await,
     }
 }
 

@@ -25,13 +25,14 @@ pub async fn groups(
             return format!("no {which}groups in queue {queue}");
         }
         let mut table = Table::new(&[
-            "GROUP", "STATE", "BACKLOG", "HEAD", "HEAD AGE", "LIMIT", "TOKENS", "DETAIL",
+            "GROUP", "STATE", "BACKLOG", "RUNNING", "HEAD", "HEAD AGE", "LIMIT", "TOKENS", "DETAIL",
         ]);
         for g in groups {
             table.row(vec![
                 g.group.clone(),
                 name_of(&g.state),
                 g.backlog.to_string(),
+                format!("{}/{}", g.running, g.concurrency),
                 or_dash(g.head),
                 or_dash(g.head_age.map(admin::human)),
                 limit_of(g),
@@ -48,16 +49,26 @@ pub async fn groups(
     })
 }
 
-/// A group's rate limit: `10/s burst 20`, with `(own)` when set for the
-/// group rather than by its queue's defaults.
+/// A group's rate limit and weight: `10/s burst 20, weight 3`, the weight
+/// only when it is not 1, with `(own)` when the group has settings of its
+/// own rather than only its queue's defaults.
 fn limit_of(g: &GroupInfo) -> String {
-    match g.rate {
-        Some(rate) => {
-            let own = if g.own_limits { " (own)" } else { "" };
-            format!("{rate} burst {}{own}", g.burst.unwrap_or(rate.count()))
-        }
-        None => "-".to_owned(),
+    let mut parts = Vec::new();
+    if let Some(rate) = g.rate {
+        parts.push(format!("{rate} burst {}", g.burst.unwrap_or(rate.count())));
     }
+    if g.weight != 1 {
+        parts.push(format!("weight {}", g.weight));
+    }
+    let mut text = if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join(", ")
+    };
+    if g.own_limits {
+        text.push_str(" (own)");
+    }
+    text
 }
 
 /// Why a group is blocked or waiting, in a few words.

@@ -3,6 +3,7 @@
 
 pub mod dashboard;
 pub mod inspect;
+pub mod limits;
 pub mod migrate;
 pub mod ops;
 pub mod schedules;
