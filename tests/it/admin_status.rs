@@ -115,7 +115,8 @@ async fn status_counts_unfinished_failed_and_blocked_exactly_and_estimates_succe
         BlockedGroups {
             paused: 1,
             held: 1,
-            retrying: 1
+            retrying: 1,
+            snoozed: 0
         }
     );
     let backlog = |group: &str, backlog| GroupBacklog {

@@ -154,6 +154,14 @@ async fn a_snooze_keeps_the_head_uses_no_attempt_and_resumes_on_time() {
         "the snoozed attempt was kept"
     );
     assert_eq!(db.job_state(head).await, "queued 0");
+    let status = admin::queue_status(&mut conn, "controls", 5).await.unwrap();
+    assert_eq!(
+        (
+            status.blocked_groups.snoozed,
+            status.blocked_groups.retrying
+        ),
+        (1, 0)
+    );
     // Another group is not held back.
     db.wait_job_succeeded(other, LIMIT).await;
 

@@ -115,7 +115,7 @@ async fn status_json_counts_enqueued_jobs() {
     assert!(q["oldest_queued_age_secs"].as_f64().unwrap() >= 0.0);
     assert_eq!(
         q["blocked_groups"],
-        serde_json::json!({"paused": 0, "held": 0, "retrying": 0})
+        serde_json::json!({"paused": 0, "held": 0, "retrying": 0, "snoozed": 0})
     );
     assert_eq!(q["paused"], false);
     assert_eq!(q["failure_policy"], "continue");

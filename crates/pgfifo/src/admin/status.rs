@@ -55,12 +55,14 @@ pub struct BlockedGroups {
     pub held: i64,
     /// Waiting for their head's next retry.
     pub retrying: i64,
+    /// Snoozed by their head ([`JobError::snooze`](crate::JobError::snooze)).
+    pub snoozed: i64,
 }
 
 impl BlockedGroups {
     /// All blocked groups.
     pub fn total(&self) -> i64 {
-        self.paused + self.held + self.retrying
+        self.paused + self.held + self.retrying + self.snoozed
     }
 }
 
@@ -70,6 +72,7 @@ impl From<BlockedRow> for BlockedGroups {
             paused: row.paused_groups,
             held: row.held_groups,
             retrying: row.retrying_groups,
+            snoozed: row.snoozed_groups,
         }
     }
 }

@@ -119,7 +119,9 @@ pub(crate) fn reason(g: &GroupInfo) -> String {
             None => format!("snoozed by {head}"),
         },
         GroupState::RateLimited => {
-            let rate = g.rate.map(|r| format!(" ({r}, burst {})", g.burst.unwrap_or(0)));
+            let rate = g
+                .rate
+                .map(|r| format!(" ({r}, burst {})", g.burst.unwrap_or(r.count())));
             match g.waiting_until {
                 Some(t) => format!(
                     "rate-limited{}: {head} starts with the next token, in {}",

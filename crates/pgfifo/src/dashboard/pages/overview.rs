@@ -100,7 +100,7 @@ fn queue_row(ctx: &Ctx, q: &QueueStatus, (ok, failed): (i64, i64)) -> Markup {
             td {
                 @if b.total() == 0 { span.muted { "none" } } @else {
                     a href={ (href) "?blocked=1" } {
-                        (b.paused) " paused, " (b.held) " held, " (b.retrying) " retrying"
+                        (b.paused) " paused, " (b.held) " held, " (b.retrying) " retrying, " (b.snoozed) " snoozed"
                     }
                 }
             }

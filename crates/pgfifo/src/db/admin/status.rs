@@ -85,7 +85,11 @@ macro_rules! blocked_groups_sql {
          (SELECT count(*) FROM pgfifo.queue_group AS g
           JOIN pgfifo.job AS j ON j.id = g.head_id
           WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND g.ready_at > now()
-            AND j.state = 'queued' AND j.attempts > 0) AS retrying_groups"
+            AND j.state = 'queued' AND j.attempts > 0
+            AND NOT coalesce(g.snoozed_until > now() AND g.snoozed_by = g.head_id, false)) AS retrying_groups,
+         (SELECT count(*) FROM pgfifo.queue_group AS g
+          WHERE g.queue = $1 AND g.ready_at > now() AND g.snoozed_until > now()
+            AND g.snoozed_by = g.head_id) AS snoozed_groups"
     };
 }
 
@@ -98,6 +102,8 @@ pub(crate) struct BlockedRow {
     pub paused_groups: i64,
     #[diesel(sql_type = BigInt)]
     pub retrying_groups: i64,
+    #[diesel(sql_type = BigInt)]
+    pub snoozed_groups: i64,
 }
 
 /// The small figures of a queue: settings, runners, capped counts of the
