@@ -10,7 +10,10 @@ DROP FUNCTION IF EXISTS pgfifo.next_token_in(text, text);
 DROP FUNCTION IF EXISTS pgfifo.token_due(text, text, timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.group_tokens(text, text, timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.group_limits(text, text);
-ALTER TABLE pgfifo.queue_group DROP COLUMN IF EXISTS snoozed_until, DROP COLUMN IF EXISTS snoozed_by;
+DROP TABLE IF EXISTS pgfifo.group_snooze;
 DROP TABLE IF EXISTS pgfifo.group_slot;
 DROP TABLE IF EXISTS pgfifo.group_bucket;
 DROP TABLE IF EXISTS pgfifo.group_control;
+-- The function set recorded as installed is no longer what is installed:
+-- the next `migrate up` installs it again.
+DELETE FROM pgfifo.schema_functions;

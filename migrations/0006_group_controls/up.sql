@@ -51,10 +51,15 @@ CREATE TABLE pgfifo.group_slot (
     PRIMARY KEY (queue, group_id, slot)
 );
 
--- A snoozed group: its head asked to wait until snoozed_until without using
--- an attempt (JobError::snooze). Kept for status; the wait itself is the
--- group's ready_at and the head's run_after. Not indexed: setting them keeps
--- the update of the group row a HOT one.
-ALTER TABLE pgfifo.queue_group
-    ADD COLUMN snoozed_until timestamptz,
-    ADD COLUMN snoozed_by    bigint;
+-- A snoozed group: its head asked to wait until `until` without using an
+-- attempt (JobError::snooze), for status. The wait itself is the group's
+-- ready_at and the head's run_after; a row whose time has passed, or whose
+-- job is no longer the head, says nothing. A table of its own, not columns
+-- of queue_group: adding columns there would wait for every running job.
+CREATE TABLE pgfifo.group_snooze (
+    queue    text        COLLATE "C" NOT NULL,
+    group_id text        COLLATE "C" NOT NULL,
+    until    timestamptz NOT NULL,
+    job_id   bigint      NOT NULL,
+    PRIMARY KEY (queue, group_id)
+);

@@ -227,7 +227,7 @@ async fn a_rate_limit_spaces_starts_by_tokens_and_wakes_for_the_next() {
     // Ten starts had to wait for a token each: a second at least; woken by
     // the runner for each token (no poll within 30 s), so not much more.
     let span = starts[11] - starts[0];
-    assert!((0.99..2.5).contains(&span), "12 starts took {span:.3} s");
+    assert!((0.99..4.0).contains(&span), "12 starts took {span:.3} s");
     // The order held.
     let order = db
         .text("SELECT string_agg(j.id::text, ',' ORDER BY a.started_at) FROM pgfifo.job_attempt a JOIN pgfifo.job j ON j.id = a.job_id")

@@ -1,6 +1,7 @@
-//! Semantic 11, weights: among groups with backlog, starts go in proportion
-//! to the groups' weights (a group of weight w gets w starts in a row each
-//! time a runner's sweep reaches it); default 1, round robin.
+//! Semantic 11, weights: among groups with backlog that compete for slots,
+//! starts go in proportion to the groups' weights (in a queue whose
+//! heaviest weight is W, a group of weight w may start jobs in w of every W
+//! tenths of a second); default 1, round robin. Weights never idle a runner.
 
 use std::time::Duration;
 

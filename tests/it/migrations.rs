@@ -403,3 +403,24 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
     );
     check_host(&mut conn).await;
 }
+
+/// Reverting the newest migration and applying it again with the same
+/// release installs the functions its `down.sql` dropped (it forgets the
+/// recorded function set, so `up` does not take them for installed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn down_one_and_up_again_reinstalls_the_functions_it_dropped() {
+    let db = FreshDb::new("mig").await;
+    let mut conn = db.connect().await;
+    migrate::migrate_conn(&mut conn).await.unwrap();
+    assert_eq!(
+        migrate::rollback(&mut conn, 1).await.unwrap(),
+        vec![migrate::latest_version()]
+    );
+    let installed = "(to_regprocedure('pgfifo.group_limits(text, text)') IS NOT NULL)::int";
+    assert_eq!(scalar(&mut conn, installed).await, 0);
+    let migrated = migrate::migrate_conn(&mut conn).await.unwrap();
+    assert_eq!(migrated.applied, vec![migrate::latest_version()]);
+    assert!(migrated.functions_installed);
+    assert_eq!(scalar(&mut conn, installed).await, 1);
+    migrate::check_current(&mut conn).await.unwrap();
+}

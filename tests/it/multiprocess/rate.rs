@@ -87,9 +87,11 @@ async fn a_rate_limit_holds_across_three_processes() {
         worst <= 0.001,
         "a window held {worst:.4} starts more than burst + rate × its length"
     );
-    // Starts follow the tokens, not the poll interval: close to the rate.
+    // Starts follow the tokens, not the poll interval (a start per poll
+    // would be a tenth of these): at least half the rate on a loaded
+    // machine (about 100 % measured on a quiet one).
     assert!(
-        starts.len() as f64 >= 0.8 * f64::from(RATE) * RUN_FOR.as_secs_f64(),
+        starts.len() as f64 >= 0.5 * f64::from(RATE) * RUN_FOR.as_secs_f64(),
         "only {} starts of the limited group in {RUN_FOR:?}",
         starts.len()
     );

@@ -79,8 +79,9 @@ macro_rules! group_rows {
                 (extract(epoch FROM p.paused_at) * 1e6)::bigint AS paused_at_us,
                 (SELECT count(*) FROM pgfifo.job AS b
                  WHERE b.queue = $1 AND b.group_id = k.group_id AND b.state = 'queued') AS backlog,
-                CASE WHEN g.snoozed_until > now() AND g.snoozed_by = g.head_id
-                     THEN (extract(epoch FROM g.snoozed_until) * 1e6)::bigint END AS snoozed_until_us,
+                (SELECT (extract(epoch FROM z.until) * 1e6)::bigint FROM pgfifo.group_snooze AS z
+                 WHERE z.queue = $1 AND z.group_id = k.group_id AND z.until > now()
+                   AND z.job_id = g.head_id) AS snoozed_until_us,
                 r.rate_count, r.rate_period_ms, r.burst, r.concurrency, r.weight,
                 (SELECT count(*) FROM (
                      SELECT b.id, b.attempts FROM pgfifo.job AS b
@@ -114,7 +115,9 @@ macro_rules! blocked_row {
               OR (g.ready_at > now() AND EXISTS (
                       SELECT 1 FROM pgfifo.job AS h
                       WHERE h.id = g.head_id AND h.state = 'queued' AND h.attempts > 0))
-              OR (g.snoozed_until > now() AND g.snoozed_by = g.head_id))"
+              OR EXISTS (SELECT 1 FROM pgfifo.group_snooze AS z
+                         WHERE z.queue = $1 AND z.group_id = g.group_id AND z.until > now()
+                           AND z.job_id = g.head_id))"
         )
     };
 }
@@ -159,7 +162,9 @@ pub(crate) async fn groups(
             OR p.paused_at IS NOT NULL
             OR (g.head_id IS NOT NULL AND g.ready_at IS NULL)
             OR (g.ready_at > now() AND j.state = 'queued' AND j.attempts > 0)
-            OR (g.snoozed_until > now() AND g.snoozed_by = g.head_id)
+            OR EXISTS (SELECT 1 FROM pgfifo.group_snooze AS z
+                       WHERE z.queue = $1 AND z.group_id = k.group_id AND z.until > now()
+                         AND z.job_id = g.head_id)
          ORDER BY k.group_id
          LIMIT $4"
     );

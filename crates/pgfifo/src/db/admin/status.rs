@@ -86,10 +86,13 @@ macro_rules! blocked_groups_sql {
           JOIN pgfifo.job AS j ON j.id = g.head_id
           WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND g.ready_at > now()
             AND j.state = 'queued' AND j.attempts > 0
-            AND NOT coalesce(g.snoozed_until > now() AND g.snoozed_by = g.head_id, false)) AS retrying_groups,
-         (SELECT count(*) FROM pgfifo.queue_group AS g
-          WHERE g.queue = $1 AND g.ready_at > now() AND g.snoozed_until > now()
-            AND g.snoozed_by = g.head_id) AS snoozed_groups"
+            AND NOT EXISTS (SELECT 1 FROM pgfifo.group_snooze AS z
+                            WHERE z.queue = g.queue AND z.group_id = g.group_id
+                              AND z.until > now() AND z.job_id = g.head_id)) AS retrying_groups,
+         (SELECT count(*) FROM pgfifo.group_snooze AS z
+          JOIN pgfifo.queue_group AS g ON g.queue = z.queue AND g.group_id = z.group_id
+          WHERE z.queue = $1 AND z.until > now() AND z.job_id = g.head_id
+            AND g.ready_at > now()) AS snoozed_groups"
     };
 }
 

@@ -5,8 +5,9 @@
 -- how a change of arguments or result type is made.
 --
 -- Where a rate limit acts (see migration 0006 for the tables):
---   * a start takes a token: pgfifo.take_tokens, from start_attempts, in the
---     transaction that records the attempt, before the handler runs;
+--   * a start takes a token: pgfifo.take_start_tokens, from start_attempts,
+--     in the transaction that records the attempt, before the handler runs;
+--     a start without a token is refused (it never runs its handler);
 --   * a group with no token left waits: complete (after its head advanced),
 --     promote (when it becomes active) and pick (a safety net for settings
 --     changed meanwhile) set its ready_at to when its next token is due, so
@@ -15,10 +16,9 @@
 --     start_attempts) look for pgfifo.group_control with to_regclass before
 --     they touch it or call the functions here: after `migrate down` to a
 --     schema without it, they keep working for the previous release;
---   * at most one job of a group runs at a time, and only its runner, which
---     holds the group row, takes the group's tokens: so the check in pick or
---     complete and the take at the start cannot be overtaken by another
---     start of the group.
+--   * the take locks the group's bucket row, so takes of one group (with a
+--     concurrency above 1, several runners may start its jobs at once) are
+--     one after another, and each sees the tokens the one before it left.
 
 -- The limits that apply to a group: its own row's values, else its queue's
 -- defaults (the row whose group_id is ''). rate_count is NULL when the group
@@ -127,9 +127,13 @@ BEGIN
             v_refused := v_refused || v_job.id;
             CONTINUE;
         END IF;
+        -- (A take that waited for the bucket's lock may read an older
+        -- clock than the take before it wrote: the bucket's time never goes
+        -- back, or the refill since would be counted twice.)
         INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at)
         VALUES (v_job.queue, v_job.group_id, v_tokens - 1, v_now)
-        ON CONFLICT (queue, group_id) DO UPDATE SET tokens = excluded.tokens, at = excluded.at;
+        ON CONFLICT (queue, group_id) DO UPDATE
+        SET tokens = excluded.tokens, at = greatest(b.at, excluded.at);
     END LOOP;
     RETURN v_refused;
 END

@@ -191,9 +191,9 @@ BEGIN
                             IF v_controlled THEN
                                 SELECT l.concurrency, l.weight INTO v_conc, v_weight
                                 FROM pgfifo.group_limits(v_q, v_cand.group_id) AS l;
-                                -- Weights: time runs in turns of 20 ms, and a
-                                -- group of weight w may start jobs in w of
-                                -- every W turns in a row (W: the queue's
+                                -- Weights: time runs in tenths of a second, and
+                                -- a group of weight w may start jobs in w of
+                                -- every W tenths in a row (W: the queue's
                                 -- heaviest weight; which ones follows from a
                                 -- hash of the group), the same for every
                                 -- runner. So groups with backlog start jobs in

@@ -9,7 +9,8 @@
 -- is 'succeeded', 'retry', 'failed', 'cancelled' or 'snoozed'. A retry keeps
 -- the job at the head of its group until p_retry_delay_us[i] passes. A
 -- snooze does the same without using an attempt: the attempt's record is
--- deleted, and the group row says until when and by which job it sleeps.
+-- deleted, and pgfifo.group_snooze says until when and by which job the
+-- group sleeps.
 -- Any other outcome advances the head. A rate-limited group whose bucket is
 -- empty waits for its next token (see 15_controls.sql). p_queues and p_groups are the jobs' (the caller has them
 -- from pick); the jobs are of different groups, as pick returns them.
@@ -150,10 +151,11 @@ BEGIN
             WHERE queue = v_queue AND group_id = v_group;
         ELSIF v_outcome = 'snoozed' THEN
             UPDATE pgfifo.queue_group
-            SET ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond'),
-                snoozed_until = v_now + p_retry_delay_us[v_i] * interval '1 microsecond',
-                snoozed_by = v_id
+            SET ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
             WHERE queue = v_queue AND group_id = v_group;
+            INSERT INTO pgfifo.group_snooze AS s (queue, group_id, until, job_id)
+            VALUES (v_queue, v_group, v_now + p_retry_delay_us[v_i] * interval '1 microsecond', v_id)
+            ON CONFLICT (queue, group_id) DO UPDATE SET until = excluded.until, job_id = excluded.job_id;
         ELSIF v_outcome = 'failed'
               AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                           WHERE s.queue = v_queue AND s.failure_policy = 'hold') THEN

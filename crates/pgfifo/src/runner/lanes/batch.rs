@@ -214,7 +214,15 @@ pub(super) async fn run_batch(
                 .start_attempts(vec![(job.id, job.max_attempts)])
                 .await
             {
-                Ok(recorded) => attempt = recorded.first().copied().flatten(),
+                Ok(recorded) => {
+                    attempt = recorded.first().copied().flatten();
+                    if attempt == Some(0) {
+                        // Its group's token went to another start meanwhile.
+                        throttled_back(lanes, vec![(job, None)]).await;
+                        hand_back(lanes, rest).await;
+                        break;
+                    }
+                }
                 Err(err) => {
                     hand_back(lanes, rest).await;
                     return Err(ConnectionLost(err));
