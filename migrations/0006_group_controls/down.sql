@@ -4,6 +4,7 @@
 -- touch group controls only while pgfifo.group_control exists.
 DROP FUNCTION IF EXISTS pgfifo.set_group_control(text, text, integer, bigint, integer, integer, integer, boolean);
 DROP FUNCTION IF EXISTS pgfifo.ensure_slots(text, text, integer);
+DROP FUNCTION IF EXISTS pgfifo.clean_group_controls(integer);
 DROP FUNCTION IF EXISTS pgfifo.take_start_tokens(bigint[], timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.forget_attempts(bigint[], integer[]);
 DROP FUNCTION IF EXISTS pgfifo.next_token_in(text, text);

@@ -265,3 +265,33 @@ async fn wait_for(
     .await
     .unwrap_or_else(|_| panic!("no matching event for job {id} within {LIMIT:?}"))
 }
+
+/// Retention's deletion of idle groups takes their slots, buckets and
+/// snooze marks with them; the limits set for a group stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleaning_idle_groups_takes_their_slots_and_buckets() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let limits = GroupLimits::new()
+        .concurrency(2)
+        .rate(Rate::per_second(100).unwrap());
+    admin::set_group_limits(&mut conn, "conc", "gone", limits)
+        .await
+        .unwrap();
+    let runner = db.start_runner(test_config().concurrency(2)).await;
+    let id = db.enqueue(job(&db, 1), "gone").await;
+    db.wait_job_succeeded(id, LIMIT).await;
+    runner.shutdown().await.unwrap();
+    let rows = "SELECT (SELECT count(*) FROM pgfifo.group_slot) * 10
+                     + (SELECT count(*) FROM pgfifo.group_bucket)";
+    assert_eq!(db.scalar(rows).await, 21, "two slots and a bucket");
+    let cleaned = admin::clean_groups(&mut conn, Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(cleaned, 1);
+    assert_eq!(db.scalar(rows).await, 0);
+    let set = admin::limits_of(&mut conn, "conc", Some("gone"))
+        .await
+        .unwrap();
+    assert_eq!(set.and_then(|s| s.concurrency), Some(2));
+}

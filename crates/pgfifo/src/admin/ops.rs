@@ -364,7 +364,9 @@ pub async fn purge(
 }
 
 /// Deletes up to `limit` `queue_group` rows idle for more than `idle_for`
-/// (groups come back by themselves with their next job). Returns how many.
+/// (groups come back by themselves with their next job), and the slots,
+/// token buckets and snooze marks of deleted groups (limits set for a group
+/// stay). Returns how many groups.
 pub async fn clean_groups(
     conn: &mut AsyncPgConnection,
     idle_for: Duration,
@@ -372,6 +374,7 @@ pub async fn clean_groups(
 ) -> Result<u64> {
     pinned(conn, async |conn| {
         let cleaned = db::admin::ops::clean_groups(conn, idle_for, limit).await?;
+        db::admin::ops::clean_group_controls(conn, limit).await?;
         Ok(cleaned.unsigned_abs())
     })
     .await

@@ -223,3 +223,16 @@ pub(crate) async fn clean_groups(
             .await?;
     Ok(row.n)
 }
+
+/// Deletes up to `limit` rows each of the slots, buckets and snooze marks
+/// of groups that no longer have a group row; returns how many.
+pub(crate) async fn clean_group_controls(
+    conn: &mut AsyncPgConnection,
+    limit: i32,
+) -> diesel::QueryResult<i64> {
+    let row: CountRow = diesel::sql_query("SELECT pgfifo.clean_group_controls($1) AS n")
+        .bind::<Integer, _>(limit)
+        .get_result(conn)
+        .await?;
+    Ok(row.n)
+}

@@ -271,3 +271,41 @@ BEGIN
     RETURN coalesce(v_found, false);
 END
 $$;
+
+-- Deletes the slot, bucket and snooze rows of groups whose group row is
+-- gone (retention deleted the idle group; a group that comes back starts
+-- afresh: a full bucket, slots made again when it becomes active). At most
+-- p_limit rows of each table. Returns how many rows it deleted.
+CREATE OR REPLACE FUNCTION pgfifo.clean_group_controls(p_limit integer) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n    bigint := 0;
+    v_rows bigint;
+BEGIN
+    DELETE FROM pgfifo.group_slot AS s
+    WHERE (s.queue, s.group_id, s.slot) IN (
+        SELECT x.queue, x.group_id, x.slot FROM pgfifo.group_slot AS x
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.queue = x.queue AND g.group_id = x.group_id)
+        LIMIT p_limit FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM pgfifo.group_bucket AS b
+    WHERE (b.queue, b.group_id) IN (
+        SELECT x.queue, x.group_id FROM pgfifo.group_bucket AS x
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.queue = x.queue AND g.group_id = x.group_id)
+        LIMIT p_limit FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    v_n := v_n + v_rows;
+    DELETE FROM pgfifo.group_snooze AS z
+    WHERE (z.queue, z.group_id) IN (
+        SELECT x.queue, x.group_id FROM pgfifo.group_snooze AS x
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.queue = x.queue AND g.group_id = x.group_id)
+        LIMIT p_limit FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_n + v_rows;
+END
+$$;
