@@ -2,23 +2,27 @@
 //!
 //! Scenarios: `fifo-groups`, `backlog`, `latency`, `long-job`, and `status`
 //! (the operator's `pgfifo status` on a large table), `dashboard` (each page
-//! of the web dashboard on a large queue) (see
-//! `docs/performance.md`). Each prints progress on stderr and exactly one JSON
-//! line on stdout. Inputs are environment variables (`DATABASE_URL`, `JOBS`,
+//! of the web dashboard on a large queue) (see `docs/performance.md`),
+//! `group-rate` and `group-concurrency` (a group's rate limit across several
+//! runners, and what a group's concurrency buys; see the `group_controls`
+//! module). Each prints progress on stderr and exactly one JSON line on
+//! stdout. Inputs are environment variables (`DATABASE_URL`, `JOBS`,
 //! `NGROUPS`, `WORKERS`, …); a flag `--jobs 5000` overrides `JOBS`.
 
 mod backlog;
 mod common;
 mod dashboard;
 mod fifo_groups;
+mod group_controls;
 mod latency;
 mod long_job;
 mod status;
 
 use common::Inputs;
 
-const USAGE: &str =
-    "usage: pgfifo-bench <fifo-groups|backlog|latency|long-job|status|dashboard> [--name value]...";
+const USAGE: &str = "usage: pgfifo-bench \
+    <fifo-groups|backlog|latency|long-job|status|dashboard|group-rate|group-concurrency> \
+    [--name value]...";
 
 #[tokio::main]
 async fn main() {
@@ -42,6 +46,8 @@ async fn main() {
             "long-job" => long_job::run(&inputs).await,
             "status" => status::run(&inputs).await,
             "dashboard" => dashboard::run(&inputs).await,
+            "group-rate" => group_controls::run_rate(&inputs).await,
+            "group-concurrency" => group_controls::run_concurrency(&inputs).await,
             other => Err(format!("unknown scenario {other:?}\n{USAGE}")),
         },
     };
