@@ -10,6 +10,8 @@ DROP FUNCTION IF EXISTS pgfifo.forget_attempts(bigint[], integer[]);
 DROP FUNCTION IF EXISTS pgfifo.next_token_in(text, text);
 DROP FUNCTION IF EXISTS pgfifo.token_due(text, text, timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.group_tokens(text, text, timestamptz);
+DROP FUNCTION IF EXISTS pgfifo.bucket_due(text, text, timestamptz, integer, bigint, integer);
+DROP FUNCTION IF EXISTS pgfifo.bucket_tokens(text, text, timestamptz, integer, bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.group_limits(text, text);
 DROP TABLE IF EXISTS pgfifo.group_snooze;
 DROP TABLE IF EXISTS pgfifo.group_slot;

@@ -45,52 +45,65 @@ AS $$
     LEFT JOIN pgfifo.group_control AS g ON g.queue = p_queue AND g.group_id = p_group
 $$;
 
--- A group's tokens at p_now: its bucket refilled since it was last written,
--- up to the burst. NULL when the group has no rate limit.
+-- The tokens in a group's bucket at p_now, for a rate limit of
+-- p_rate_count per p_rate_period_ms with a burst of p_burst: refilled since
+-- the bucket was last written, up to the burst; a group without a bucket
+-- row has a full one.
+CREATE OR REPLACE FUNCTION pgfifo.bucket_tokens(
+    p_queue text, p_group text, p_now timestamptz,
+    p_rate_count integer, p_rate_period_ms bigint, p_burst integer
+)
+RETURNS double precision
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(
+        (SELECT least(p_burst::double precision,
+                      b.tokens + greatest(extract(epoch FROM p_now - b.at), 0)
+                                 * 1000.0 * p_rate_count / p_rate_period_ms)
+         FROM pgfifo.group_bucket AS b
+         WHERE b.queue = p_queue AND b.group_id = p_group),
+        p_burst::double precision)
+$$;
+
+-- When a group with that rate limit may next start a job: p_now if its
+-- bucket has a token, else the moment its next token is due. (A token due
+-- within a microsecond counts: the time is rounded up to whole
+-- microseconds.)
+CREATE OR REPLACE FUNCTION pgfifo.bucket_due(
+    p_queue text, p_group text, p_now timestamptz,
+    p_rate_count integer, p_rate_period_ms bigint, p_burst integer
+)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN t.tokens >= 1 - 1e-9 THEN p_now
+                ELSE p_now + ceil((1 - t.tokens) * p_rate_period_ms * 1000.0 / p_rate_count)
+                             * interval '1 microsecond' END
+    FROM (SELECT pgfifo.bucket_tokens(p_queue, p_group, p_now, p_rate_count, p_rate_period_ms,
+                                      p_burst) AS tokens) AS t
+$$;
+
+-- A group's tokens at p_now by its limits; NULL without a rate limit.
 CREATE OR REPLACE FUNCTION pgfifo.group_tokens(p_queue text, p_group text, p_now timestamptz)
 RETURNS double precision
-LANGUAGE plpgsql STABLE
-SET jit = off
+LANGUAGE sql STABLE
 AS $$
-DECLARE
-    v_rate   record;
-    v_bucket record;
-BEGIN
-    SELECT * INTO v_rate FROM pgfifo.group_limits(p_queue, p_group);
-    IF v_rate.rate_count IS NULL THEN
-        RETURN NULL;
-    END IF;
-    SELECT b.tokens, b.at INTO v_bucket FROM pgfifo.group_bucket AS b
-    WHERE b.queue = p_queue AND b.group_id = p_group;
-    IF NOT FOUND THEN
-        RETURN v_rate.burst;
-    END IF;
-    RETURN least(v_rate.burst::double precision,
-                 v_bucket.tokens + greatest(extract(epoch FROM p_now - v_bucket.at), 0)
-                                   * 1000.0 * v_rate.rate_count / v_rate.rate_period_ms);
-END
+    SELECT CASE WHEN l.rate_count IS NOT NULL
+                THEN pgfifo.bucket_tokens(p_queue, p_group, p_now, l.rate_count, l.rate_period_ms,
+                                          l.burst) END
+    FROM pgfifo.group_limits(p_queue, p_group) AS l
 $$;
 
 -- When a group may next start a job as far as its rate limit goes: p_now if
 -- it has a token (or no limit), else the moment its next token is due.
 CREATE OR REPLACE FUNCTION pgfifo.token_due(p_queue text, p_group text, p_now timestamptz)
 RETURNS timestamptz
-LANGUAGE plpgsql STABLE
-SET jit = off
+LANGUAGE sql STABLE
 AS $$
-DECLARE
-    v_rate   record;
-    v_tokens double precision := pgfifo.group_tokens(p_queue, p_group, p_now);
-BEGIN
-    -- (A token that is due within a microsecond counts: the due time below
-    -- is rounded up to whole microseconds.)
-    IF v_tokens IS NULL OR v_tokens >= 1 - 1e-9 THEN
-        RETURN p_now;
-    END IF;
-    SELECT * INTO v_rate FROM pgfifo.group_limits(p_queue, p_group);
-    RETURN p_now + ceil((1 - v_tokens) * v_rate.rate_period_ms * 1000.0 / v_rate.rate_count)
-                   * interval '1 microsecond';
-END
+    SELECT CASE WHEN l.rate_count IS NULL THEN p_now
+                ELSE pgfifo.bucket_due(p_queue, p_group, p_now, l.rate_count, l.rate_period_ms,
+                                       l.burst) END
+    FROM pgfifo.group_limits(p_queue, p_group) AS l
 $$;
 
 -- Takes one token from the bucket of each rate-limited group of the jobs
@@ -110,6 +123,7 @@ DECLARE
     v_now     timestamptz := p_now;
     v_tokens  double precision;
     v_refused bigint[] := '{}';
+    v_rate    record;
 BEGIN
     FOR v_job IN
         SELECT j.id, j.queue, j.group_id FROM pgfifo.job AS j
@@ -117,12 +131,14 @@ BEGIN
           AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
         ORDER BY j.id
     LOOP
+        SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
+        CONTINUE WHEN v_rate.rate_count IS NULL;
         -- Lock the bucket first (if it has a row), so that the tokens read
         -- next are the newest.
         PERFORM 1 FROM pgfifo.group_bucket AS b
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
-        v_tokens := pgfifo.group_tokens(v_job.queue, v_job.group_id, v_now);
-        CONTINUE WHEN v_tokens IS NULL;
+        v_tokens := pgfifo.bucket_tokens(v_job.queue, v_job.group_id, v_now, v_rate.rate_count,
+                                         v_rate.rate_period_ms, v_rate.burst);
         IF v_tokens < 1 - 1e-9 THEN
             v_refused := v_refused || v_job.id;
             CONTINUE;
@@ -170,7 +186,8 @@ BEGIN
         CONTINUE WHEN v_rate.rate_count IS NULL;
         PERFORM 1 FROM pgfifo.group_bucket AS b
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
-        v_tokens := pgfifo.group_tokens(v_job.queue, v_job.group_id, v_now);
+        v_tokens := pgfifo.bucket_tokens(v_job.queue, v_job.group_id, v_now, v_rate.rate_count,
+                                         v_rate.rate_period_ms, v_rate.burst);
         UPDATE pgfifo.group_bucket AS b SET tokens = least(v_tokens + 1, v_rate.burst), at = v_now
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id;
     END LOOP;

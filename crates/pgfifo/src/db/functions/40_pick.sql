@@ -118,6 +118,7 @@ DECLARE
     v_due     timestamptz;
     v_conc    integer;
     v_weight  integer;
+    v_lim     record;
     v_heaviest integer;
     v_passed  boolean := false;
     v_all     boolean := false;
@@ -189,8 +190,9 @@ BEGIN
                             v_conc := 1;
                             v_weight := 1;
                             IF v_controlled THEN
-                                SELECT l.concurrency, l.weight INTO v_conc, v_weight
-                                FROM pgfifo.group_limits(v_q, v_cand.group_id) AS l;
+                                SELECT * INTO v_lim FROM pgfifo.group_limits(v_q, v_cand.group_id);
+                                v_conc := v_lim.concurrency;
+                                v_weight := v_lim.weight;
                                 -- Weights: time runs in tenths of a second, and
                                 -- a group of weight w may start jobs in w of
                                 -- every W tenths in a row (W: the queue's
@@ -243,7 +245,10 @@ BEGIN
                                                             NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
                                         RETURN;
                                     END IF;
-                                    CONTINUE WHEN pgfifo.token_due(v_q, v_cand.group_id, v_now) > v_now;
+                                    CONTINUE WHEN v_lim.rate_count IS NOT NULL
+                                                  AND pgfifo.bucket_due(v_q, v_cand.group_id, v_now,
+                                                                        v_lim.rate_count, v_lim.rate_period_ms,
+                                                                        v_lim.burst) > v_now;
                                     -- The oldest of its jobs that no one runs,
                                     -- if it may start now: one that waits for
                                     -- its retry (or its time) holds back the
@@ -325,8 +330,12 @@ BEGIN
                             -- changed since complete or promote set its time):
                             -- not before its next token. The runner learns of
                             -- that time from its next poll.
+                            v_due := v_now;
                             IF v_controlled THEN
-                                v_due := pgfifo.token_due(v_q, v_group.group_id, v_now);
+                                IF v_lim.rate_count IS NOT NULL THEN
+                                    v_due := pgfifo.bucket_due(v_q, v_group.group_id, v_now, v_lim.rate_count,
+                                                               v_lim.rate_period_ms, v_lim.burst);
+                                END IF;
                                 IF v_due > v_now THEN
                                     UPDATE pgfifo.queue_group AS g SET ready_at = v_due
                                     WHERE g.queue = v_q AND g.group_id = v_group.group_id;

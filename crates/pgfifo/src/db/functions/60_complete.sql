@@ -55,6 +55,7 @@ DECLARE
     v_due      timestamptz;
     v_controlled boolean := false;
     v_inactive text[] := '{}';
+    v_lim      record;
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
@@ -197,7 +198,10 @@ BEGIN
     IF v_controlled THEN
         FOR v_i IN 1 .. v_n LOOP
             CONTINUE WHEN p_groups[v_i] IS NULL OR p_outcomes[v_i] = 'snoozed';
-            v_due := pgfifo.token_due(p_queues[v_i], p_groups[v_i], v_now);
+            SELECT * INTO v_lim FROM pgfifo.group_limits(p_queues[v_i], p_groups[v_i]);
+            CONTINUE WHEN v_lim.rate_count IS NULL;
+            v_due := pgfifo.bucket_due(p_queues[v_i], p_groups[v_i], v_now, v_lim.rate_count,
+                                       v_lim.rate_period_ms, v_lim.burst);
             CONTINUE WHEN v_due <= v_now;
             UPDATE pgfifo.queue_group AS g SET ready_at = v_due
             WHERE g.queue = p_queues[v_i] AND g.group_id = p_groups[v_i]
