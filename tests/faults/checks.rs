@@ -1,19 +1,23 @@
-//! The suite's checks: every job, every committed and recorded run, how soon
-//! groups were released (the report is in `report.rs`).
+//! The suite's checks: every job (here), every committed and recorded run
+//! (`run_checks.rs`), the starts in groups of N > 1 (`wide.rs`); how soon
+//! groups were released is printed (`release.rs`), the report is in
+//! `report.rs`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use pgfifo_tests::faults::private_pg::PrivatePg;
 use pgfifo_tests::faults::runs::{self, Cut, Line, Mode};
-use pgfifo_tests::records::now_ns;
 
-use crate::jobs::{FAULT_TIMEOUT, FREEZE_TIMEOUT};
-use crate::monitor::{log_line_ns, AttemptCount, AttemptRow, JobRow, LogRow};
+use crate::monitor::{AttemptCount, AttemptRow, JobRow, LogRow};
 use crate::plan::reason_fits;
 use crate::processes::Cause;
+use crate::release::print_release_times;
+use crate::run_checks::{check_committed, check_runs};
+use crate::start_checks;
 use crate::suite::Suite;
+use crate::wide::{self, WideFound};
 
 /// What the checks found.
 pub(crate) struct Found {
@@ -33,6 +37,8 @@ pub(crate) struct Found {
     pub(crate) unexpected: Vec<String>,
     pub(crate) groups_used: usize,
     pub(crate) frozen_release: Duration,
+    /// The groups of N > 1: their starts and peaks.
+    pub(crate) wide: WideFound,
 }
 
 /// The database's final state.
@@ -43,6 +49,7 @@ struct Loaded {
     attempt_rows: Vec<AttemptRow>,
     hang_timeouts: i64,
     panics: i64,
+    trace: wide::Trace,
 }
 
 /// What the checks of every job found.
@@ -62,16 +69,27 @@ pub(crate) async fn check(suite: &mut Suite, pg: &PrivatePg, url: &str, began: I
         wrong_outcome,
         failed_as_expected,
     } = check_jobs(suite, &loaded);
-    let (mut order_violations, mut overlaps) = check_committed(&loaded.log);
+    let mut order_violations = Vec::new();
+    let mut overlaps = Vec::new();
+    let committed_peaks = check_committed(suite, &loaded.log, &mut order_violations, &mut overlaps);
     let (lines, torn) = read_records(suite);
-    let intervals = check_runs(
+    let (intervals, recorded_peaks) = check_runs(
         suite,
-        &loaded,
+        &loaded.attempt_rows,
         &lines,
         began,
         &mut order_violations,
         &mut overlaps,
     );
+    let runs = wide::Runs {
+        log: &loaded.log,
+        intervals: &intervals,
+        attempt_rows: &loaded.attempt_rows,
+        committed_peaks: &committed_peaks,
+        recorded_peaks: &recorded_peaks,
+    };
+    let mut wide = wide::check(suite, &loaded.trace, &runs);
+    start_checks::check(suite, &loaded.trace, &runs, began, &mut wide);
     let mid_handler_kills = suite
         .seen
         .kills
@@ -127,6 +145,7 @@ pub(crate) async fn check(suite: &mut Suite, pg: &PrivatePg, url: &str, began: I
         unexpected,
         groups_used,
         frozen_release,
+        wide,
     }
 }
 
@@ -139,11 +158,12 @@ async fn load(suite: &mut Suite, url: &str) -> Loaded {
     .load(&mut conn)
     .await
     .expect("load jobs");
-    let log: Vec<LogRow> =
-        diesel::sql_query("SELECT job_id, attempt, grp, seq, pid, start_ns, end_ns FROM fault_log")
-            .load(&mut conn)
-            .await
-            .expect("load fault_log");
+    let log: Vec<LogRow> = diesel::sql_query(
+        "SELECT job_id, attempt, grp, seq, pid, start_ns, end_ns, picked_ns FROM fault_log",
+    )
+    .load(&mut conn)
+    .await
+    .expect("load fault_log");
     let attempt_counts: Vec<AttemptCount> =
         diesel::sql_query("SELECT job_id, count(*) AS n FROM pgfifo.job_attempt GROUP BY job_id")
             .load(&mut conn)
@@ -165,6 +185,7 @@ async fn load(suite: &mut Suite, url: &str) -> Loaded {
         .monitor
         .scalar("SELECT count(*) FROM pgfifo.job_attempt WHERE error LIKE '%panicked%'")
         .await;
+    let trace = wide::load(&mut conn).await;
     drop(conn);
     Loaded {
         job_rows,
@@ -173,6 +194,7 @@ async fn load(suite: &mut Suite, url: &str) -> Loaded {
         attempt_rows,
         hang_timeouts,
         panics,
+        trace,
     }
 }
 
@@ -272,35 +294,6 @@ fn check_jobs(suite: &Suite, loaded: &Loaded) -> JobChecks {
     }
 }
 
-/// Committed runs: per group, in order and never overlapping. The order
-/// violations and the overlaps.
-fn check_committed(log: &[LogRow]) -> (Vec<String>, Vec<String>) {
-    let mut committed_by_group: BTreeMap<i32, Vec<&LogRow>> = BTreeMap::new();
-    for row in log {
-        committed_by_group.entry(row.grp).or_default().push(row);
-    }
-    let mut order_violations = Vec::new();
-    let mut overlaps = Vec::new();
-    for (grp, rows) in &mut committed_by_group {
-        rows.sort_by_key(|r| (r.start_ns, r.job_id));
-        for pair in rows.windows(2) {
-            if pair[1].seq <= pair[0].seq {
-                order_violations.push(format!(
-                    "group {grp}: committed seq {} (job {}) started after seq {} (job {})",
-                    pair[1].seq, pair[1].job_id, pair[0].seq, pair[0].job_id
-                ));
-            }
-            if pair[1].start_ns <= pair[0].end_ns {
-                overlaps.push(format!(
-                    "group {grp}: committed job {} (pid {}) started before job {} (pid {}) ended",
-                    pair[1].job_id, pair[1].pid, pair[0].job_id, pair[0].pid
-                ));
-            }
-        }
-    }
-    (order_violations, overlaps)
-}
-
 /// Every run, committed or not, from the workers' records, and how many
 /// records were torn.
 fn read_records(suite: &Suite) -> (Vec<Line>, usize) {
@@ -313,177 +306,4 @@ fn read_records(suite: &Suite) -> (Vec<Line>, usize) {
         lines.append(&mut l);
     }
     (lines, torn)
-}
-
-/// The runs' intervals from the records; adds their overlaps and order
-/// violations, with the evidence for each.
-fn check_runs(
-    suite: &Suite,
-    loaded: &Loaded,
-    lines: &[Line],
-    began: Instant,
-    order_violations: &mut Vec<String>,
-    overlaps: &mut Vec<String>,
-) -> Vec<runs::Interval> {
-    let attempt_rows = &loaded.attempt_rows;
-    let mut ctx = runs::Context {
-        db_faults: suite.seen.db_faults.clone(),
-        ..runs::Context::default()
-    };
-    for d in &suite.fleet.deaths {
-        if matches!(d.cause, Cause::Killed | Cause::Poison) {
-            ctx.deaths.insert(d.pid, d.ns);
-        }
-    }
-    for job in &suite.jobs {
-        let timeout = if job.queue == "freeze" {
-            FREEZE_TIMEOUT
-        } else {
-            FAULT_TIMEOUT
-        };
-        ctx.timeout_ns.insert(job.id, timeout.as_nanos() as i64);
-    }
-    let intervals = runs::intervals(lines, &ctx);
-    // Evidence for an overlap: when each run's attempt was recorded (after
-    // its pick, before its handler), its handler's span and how it ended, in
-    // seconds since the run began, next to the database faults.
-    let t_base = now_ns() - began.elapsed().as_nanos() as i64;
-    let secs = |ns: i64| (ns - t_base) as f64 / 1e9;
-    let attempt_info: HashMap<(i64, i32), &AttemptRow> = attempt_rows
-        .iter()
-        .map(|a| ((a.job_id, a.attempt), a))
-        .collect();
-    let end_text: HashMap<(u32, u64), String> = lines
-        .iter()
-        .filter_map(|l| match l {
-            Line::End {
-                pid, n, outcome, ..
-            } => Some(((*pid, *n), outcome.clone())),
-            _ => None,
-        })
-        .collect();
-    let describe = |i: &runs::Interval| {
-        let recorded = attempt_info.get(&(i.run.job, i.run.attempt as i32)).map_or(
-            "no attempt row".to_owned(),
-            |a| {
-                format!(
-                    "attempt recorded at {:.3}s by {}{}",
-                    secs(a.started_us * 1_000),
-                    a.runner,
-                    if a.error.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (attempt error: {})", a.error)
-                    }
-                )
-            },
-        );
-        format!(
-            "[job {} attempt {} pid {}: {recorded}; handler {:.3}s..{:.3}s ({:?}, {})]",
-            i.run.job,
-            i.run.attempt,
-            i.pid,
-            secs(i.start),
-            secs(i.end),
-            i.cut,
-            end_text
-                .get(&(i.pid, i.n))
-                .map_or("no end line", String::as_str)
-        )
-    };
-    let fault_times: Vec<String> = suite
-        .seen
-        .db_faults
-        .iter()
-        .map(|&t| format!("{:.3}s", secs(t)))
-        .collect();
-    for (a, b) in runs::overlaps(&intervals) {
-        overlaps.push(format!(
-            "group {}: {} started while {} ran (database faults at {})",
-            b.grp,
-            describe(&b),
-            describe(&a),
-            fault_times.join(", ")
-        ));
-    }
-    for (a, b) in runs::order_violations(&intervals) {
-        order_violations.push(format!(
-            "group {}: seq {} (run {:?}) started after seq {} (run {:?})",
-            b.grp, b.seq, b.run, a.seq, a.run
-        ));
-    }
-    intervals
-}
-
-/// How soon groups were released and cut-off jobs ran again, printed.
-fn print_release_times(suite: &Suite, pg: &PrivatePg, intervals: &[runs::Interval]) {
-    // How soon a cut-off job ran again: from its process's death (or the
-    // database fault) to the start of its next attempt's handler. This bounds
-    // how long the group stayed held (plus the time to pick and start).
-    let mut next_start: HashMap<(i64, u32), i64> = HashMap::new();
-    for i in intervals {
-        next_start.insert((i.run.job, i.run.attempt), i.start);
-    }
-    let rerun_delays = |cut: Cut| -> Vec<f64> {
-        let mut v: Vec<f64> = intervals
-            .iter()
-            .filter(|i| i.cut == cut)
-            .filter_map(|i| {
-                (i.run.attempt + 1..i.run.attempt + 4)
-                    .find_map(|a| next_start.get(&(i.run.job, a)))
-                    .map(|&next| (next - i.end) as f64 / 1e6)
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v
-    };
-    // When the server ended each killed process's transactions (its log
-    // has a line per session, with the application name): the group release.
-    let server_log = pg.log_text();
-    let mut kill_release: Vec<f64> = suite
-        .fleet
-        .deaths
-        .iter()
-        .filter(|d| matches!(d.cause, Cause::Killed | Cause::Poison))
-        .filter_map(|d| {
-            server_log
-                .lines()
-                .filter(|l| {
-                    l.contains(&format!(
-                        "] {} LOG:  unexpected EOF on client connection",
-                        d.app
-                    ))
-                })
-                .filter_map(log_line_ns)
-                .filter(|&t| t >= d.ns - 5_000_000 && t < d.ns + 10_000_000_000)
-                .max()
-                .map(|t| (t - d.ns) as f64 / 1e6)
-        })
-        .collect();
-    kill_release.sort_by(f64::total_cmp);
-    if !kill_release.is_empty() {
-        println!(
-            "faults: process killed or aborted -> the server ended its open transactions after: \
-             median {:.0} ms, max {:.0} ms ({} processes, from the server log)",
-            kill_release[kill_release.len() / 2],
-            kill_release[kill_release.len() - 1],
-            kill_release.len()
-        );
-    }
-    for (cut, what) in [
-        (Cut::Died, "process killed or aborted"),
-        (Cut::DatabaseFault, "connections cut or database restarted"),
-    ] {
-        let v = rerun_delays(cut);
-        if !v.is_empty() {
-            println!(
-                "faults: {what} -> the cut-off job's next run started after (includes waiting \
-                 for a free lane under load): median {:.0} ms, p90 {:.0} ms, max {:.0} ms ({} runs)",
-                v[v.len() / 2],
-                v[v.len() * 9 / 10],
-                v[v.len() - 1],
-                v.len()
-            );
-        }
-    }
 }

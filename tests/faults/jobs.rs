@@ -79,5 +79,36 @@ pub(crate) const APP_PREFIX: &str = "pgfifo-fw-";
 pub(crate) const FAULT_LOG: &str = "CREATE TABLE fault_log (
     job_id bigint NOT NULL, attempt integer NOT NULL, queue text NOT NULL,
     grp integer NOT NULL, seq integer NOT NULL, pid integer NOT NULL,
-    start_ns bigint NOT NULL, end_ns bigint NOT NULL,
+    start_ns bigint NOT NULL, end_ns bigint NOT NULL, picked_ns bigint NOT NULL,
     logged_at timestamptz NOT NULL DEFAULT clock_timestamp())";
+
+/// What the checks of groups that run several jobs at once need and the
+/// library does not keep: every attempt start it recorded (`fault_start`;
+/// `pgfifo.job_attempt` loses the starts of jobs handed back unstarted,
+/// such as a prefetched job that waited too long for a free permit), and
+/// the commit of each job's first failed attempt (`fault_hold`: from then on
+/// nothing behind it in its group may start until it is done). Triggers on
+/// the library's tables write them in the transactions that make them, so
+/// a row exists exactly when its change committed.
+pub(crate) const FAULT_TRACE: &str = "
+CREATE TABLE fault_start (
+    job_id bigint NOT NULL, attempt integer NOT NULL, runner text NOT NULL,
+    started_at timestamptz NOT NULL);
+CREATE TABLE fault_hold (job_id bigint NOT NULL, attempts integer NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE FUNCTION fault_note_start() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.fault_start (job_id, attempt, runner, started_at)
+    VALUES (NEW.job_id, NEW.attempt, NEW.runner, NEW.started_at);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fault_note_start AFTER INSERT ON pgfifo.job_attempt
+    FOR EACH ROW EXECUTE FUNCTION fault_note_start();
+CREATE FUNCTION fault_note_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.fault_hold (job_id, attempts) VALUES (NEW.id, NEW.attempts);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fault_note_hold AFTER UPDATE ON pgfifo.job
+    FOR EACH ROW WHEN (NEW.state = 'queued' AND NEW.attempts > 0 AND OLD.attempts = 0)
+    EXECUTE FUNCTION fault_note_hold();";

@@ -1,6 +1,8 @@
 //! The fault-injection suite (issue 3): several `fault-worker` processes (see
 //! `tests/src/bin/fault-worker.rs`) drain thousands of jobs in more than a
-//! hundred groups while the suite
+//! hundred groups (one in five of them runs up to 2 or 3 jobs at once: group
+//! concurrency N, set with `pgfifo::admin::set_group_limits` before the
+//! workers start; see `wide.rs`) while the suite
 //! 1. SIGKILLs random workers mid-handler and starts replacements;
 //! 2. terminates every pgfifo connection (`pg_terminate_backend`), also while
 //!    a job waits in a runner's prefetch lane, and restarts PostgreSQL (fast
@@ -15,8 +17,13 @@
 //! 5. runs handlers that hang past their timeout and handlers that panic.
 //!
 //! It then checks every job: succeeded exactly once, or failed with its
-//! reason; none lost; no two runs of a group at once; every group in order;
-//! and prints one summary line. Any non-zero violation count fails the run.
+//! reason; none lost; never more runs of a group at once than its N (no
+//! overlap at all for the others); every group in order (N = 1: each run
+//! after the previous one; N > 1: FIFO starts, within a jitter, and nothing
+//! starts behind a job that failed an attempt until it is done); and prints
+//! one summary line, with the peak runs at once of the groups of N > 1. Any
+//! non-zero violation count fails the run, and so does a run whose groups of
+//! N > 1 never ran two jobs at once.
 //!
 //! The suite restarts PostgreSQL, so it runs on a private server of its own
 //! (`pgfifo_tests::faults::private_pg`), never on the shared one. Its main
@@ -43,9 +50,13 @@ mod monitor;
 mod plan;
 mod prefetch_cut;
 mod processes;
+mod release;
 mod report;
 mod run;
+mod run_checks;
+mod start_checks;
 mod suite;
+mod wide;
 
 // Helpers of the smaller checks.
 mod small_checks;

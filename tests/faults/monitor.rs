@@ -119,6 +119,9 @@ pub(crate) struct LogRow {
     pub(crate) start_ns: i64,
     #[diesel(sql_type = BigInt)]
     pub(crate) end_ns: i64,
+    /// The start of the job's transaction: when its runner picked it.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) picked_ns: i64,
 }
 
 #[derive(QueryableByName, Debug)]

@@ -1,9 +1,11 @@
 //! How much of everything a run does, and what must become of each job.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use pgfifo::Job;
 use pgfifo_tests::faults::private_pg::StopMode;
+use pgfifo_tests::faults::rng::Rng;
 use pgfifo_tests::faults::runs::Mode;
 use pgfifo_tests::records::now_ns;
 
@@ -17,6 +19,9 @@ pub(crate) struct Plan {
     pub(crate) soak: bool,
     pub(crate) seed: u64,
     pub(crate) groups: u32,
+    /// One group of the `faults` queue in this many runs up to 2 or 3 jobs
+    /// at once (group concurrency N > 1, see `wide.rs`).
+    pub(crate) wide_every: u32,
     pub(crate) min_jobs: usize,
     pub(crate) max_jobs: usize,
     pub(crate) wave: usize,
@@ -50,6 +55,7 @@ impl Plan {
                 soak,
                 seed,
                 groups: 400,
+                wide_every: 5,
                 min_jobs: 60_000,
                 max_jobs: 400_000,
                 wave: 1_500,
@@ -75,6 +81,7 @@ impl Plan {
                 soak,
                 seed,
                 groups: 125,
+                wide_every: 5,
                 min_jobs: 5_000,
                 max_jobs: 10_000,
                 wave: 1_000,
@@ -111,6 +118,32 @@ impl Plan {
         }
         v
     }
+}
+
+/// How many of the jobs that fail an attempt and then succeed go into
+/// groups of N > 1 (when the plan has that many): the hold-back is then
+/// exercised.
+pub(crate) const RETRYING_IN_WIDE: usize = 3;
+
+/// Which groups of the `faults` queue run several jobs at once, and their
+/// N (2 or 3): one in `plan.wide_every`, chosen by the seed (with a
+/// generator of their own, so that the rest of the plan stays the same).
+pub(crate) fn wide_groups(plan: &Plan) -> BTreeMap<u32, u32> {
+    let mut rng = Rng::new(plan.seed.rotate_left(17) ^ 0x5749_4445);
+    let mut groups: Vec<u32> = (0..plan.groups).collect();
+    rng.shuffle(&mut groups);
+    let n = (plan.groups / plan.wide_every.max(1)).max(1) as usize;
+    groups
+        .into_iter()
+        .take(n)
+        .enumerate()
+        .map(|(i, grp)| (grp, 2 + (i % 2) as u32))
+        .collect()
+}
+
+/// The group name of group `grp` of the `faults` queue.
+pub(crate) fn group_name(grp: u32) -> String {
+    format!("g{grp:04}")
 }
 
 /// The max attempts a job of `mode` is enqueued with.

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::checks::Found;
 use crate::plan::Plan;
+use crate::start_checks::JITTER;
 use crate::suite::Suite;
+use crate::wide::WideFound;
 
 /// When the run began, how long its phases took, and whether it drained.
 pub(crate) struct Timing {
@@ -36,6 +38,7 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         unexpected,
         groups_used,
         frozen_release,
+        wide,
     } = found;
     let Timing {
         began,
@@ -57,7 +60,10 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
     show("LOST", &lost);
     show("WRONG OUTCOME", &wrong_outcome);
     show("ORDER VIOLATION", &order_violations);
+    show("ORDER VIOLATION", &wide.order_violations);
+    show("HELD BACK VIOLATION", &wide.held_back);
     show("OVERLAP", &overlaps);
+    show("EXCUSED (pick lost to a fault)", &wide.excused);
     show("UNEXPECTED EXIT", &unexpected);
     show("RECONNECT FAILURE", &suite.seen.reconnect_failures);
     show("FAILED CHECK", &suite.seen.failures);
@@ -68,12 +74,16 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         runs,
         suite.seen.terminated_backends
     );
+    let wide_peak = print_wide(&wide);
+    let order_violations_n = order_violations.len() + wide.order_violations.len();
     let summary = format!(
         "jobs={} groups={groups_used} kills={} mid_handler_kills={mid_handler_kills} restarts={} \
          terminations={} frozen={} frozen_release={:.2}s poison_aborts={poison_aborts} \
          hang_timeouts={hang_timeouts} panics={panics} failed_as_expected={failed_as_expected} \
-         lost={} duplicates={duplicates} order_violations={} overlaps={} wrong_outcomes={} \
-         unexpected_exits={} reconnect_failures={} failed_checks={} torn_records={torn} duration={:.0}s",
+         lost={} duplicates={duplicates} order_violations={order_violations_n} overlaps={} \
+         wide_groups={} wide_peak={} wide_at_n={} wide_holds={} holdback_violations={} \
+         wrong_outcomes={} unexpected_exits={} reconnect_failures={} failed_checks={} \
+         torn_records={torn} duration={:.0}s",
         suite.jobs.len(),
         suite.seen.kills.len(),
         suite.seen.restarts,
@@ -81,8 +91,12 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         suite.seen.freezes.len(),
         frozen_release.as_secs_f64(),
         lost.len(),
-        order_violations.len(),
         overlaps.len(),
+        wide.peaks.len(),
+        wide_peak.max,
+        wide_peak.at_n,
+        wide.wide_holds,
+        wide.held_back.len(),
         wrong_outcome.len(),
         unexpected.len(),
         suite.seen.reconnect_failures.len(),
@@ -102,10 +116,21 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
     need(lost.is_empty(), format!("lost={}", lost.len()));
     need(duplicates == 0, format!("duplicates={duplicates}"));
     need(
-        order_violations.is_empty(),
-        format!("order_violations={}", order_violations.len()),
+        order_violations_n == 0,
+        format!("order_violations={order_violations_n}"),
     );
     need(overlaps.is_empty(), format!("overlaps={}", overlaps.len()));
+    need(
+        wide.held_back.is_empty(),
+        format!("holdback_violations={}", wide.held_back.len()),
+    );
+    need(
+        wide.peaks.is_empty() || wide_peak.committed > 1,
+        format!(
+            "the groups of N > 1 never ran two jobs at once (wide_peak={}, committed {})",
+            wide_peak.max, wide_peak.committed
+        ),
+    );
     need(
         wrong_outcome.is_empty(),
         format!("wrong_outcomes={}", wrong_outcome.len()),
@@ -157,4 +182,62 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         format!("failed_as_expected={failed_as_expected}"),
     );
     problems
+}
+
+/// The peaks of the groups of N > 1, over all of them.
+struct WidePeaks {
+    /// The most runs of one group at once, by the records.
+    max: usize,
+    /// The same by the committed runs.
+    committed: usize,
+    /// Groups whose runs reached their N at once.
+    at_n: usize,
+}
+
+/// Prints the groups of N > 1: each one's N and peak (by the records and by
+/// the committed runs), and what their start checks compared.
+fn print_wide(wide: &WideFound) -> WidePeaks {
+    let each: Vec<String> = wide
+        .peaks
+        .iter()
+        .map(|p| format!("g{:04}:{}/{}({})", p.grp, p.recorded, p.n, p.committed))
+        .collect();
+    println!(
+        "faults: groups of N > 1, group:peak runs at once by the records/N(by the committed runs): {}",
+        each.join(" ")
+    );
+    println!(
+        "faults: groups of N > 1: first starts of {} jobs compared with the jobs ahead of them, \
+         the longest lead within the {} ms allowance {} (negative: picked after every job ahead \
+         could have been, by at least that), {} early starts excused by a fault; {} jobs held \
+         back their group after a failed attempt; {} recorded attempt starts forgotten (handed \
+         back unstarted) or lost",
+        wide.compared,
+        JITTER.as_millis(),
+        wide.max_lead_within_ms
+            .map_or("-".to_owned(), |ms| format!("{ms:.1} ms")),
+        wide.excused.len(),
+        wide.wide_holds,
+        wide.forgotten
+    );
+    let d = &wide.record_delays;
+    if !d.is_empty() {
+        println!(
+            "faults: a committed run's pick -> its attempt recorded: median {:.1} ms, p99 {:.1} ms, \
+             max {:.1} ms ({} runs)",
+            d[d.len() / 2],
+            d[d.len() * 99 / 100],
+            d[d.len() - 1],
+            d.len()
+        );
+    }
+    WidePeaks {
+        max: wide.peaks.iter().map(|p| p.recorded).max().unwrap_or(0),
+        committed: wide.peaks.iter().map(|p| p.committed).max().unwrap_or(0),
+        at_n: wide
+            .peaks
+            .iter()
+            .filter(|p| p.recorded >= p.n as usize)
+            .count(),
+    }
 }

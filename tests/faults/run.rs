@@ -2,7 +2,7 @@
 //! drain; then the checks of every job and run and the summary line
 //! (`checks.rs`, `report.rs`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -11,19 +11,21 @@ use pgfifo_tests::faults::private_pg::{PrivatePg, StopMode};
 use pgfifo_tests::faults::rng::Rng;
 
 use crate::checks;
-use crate::jobs::FAULT_LOG;
+use crate::jobs::{FAULT_LOG, FAULT_TRACE};
 use crate::monitor::Monitor;
-use crate::plan::{Plan, Step};
+use crate::plan::{self, Plan, Step};
 use crate::processes::{Fleet, Role};
 use crate::report::{self, Timing};
 use crate::suite::{Observed, Suite};
+use crate::wide::set_limits;
 
 /// Everything the `faults_suite` test does.
 pub(crate) async fn faults_suite() {
     let began = Instant::now();
     let plan = Plan::from_env();
-    let (mut pg, run_dir, url) = start_server(&plan).await;
-    let mut suite = start_fleet(&plan, &run_dir, &url).await;
+    let wide = plan::wide_groups(&plan);
+    let (mut pg, run_dir, url) = start_server(&plan, &wide).await;
+    let mut suite = start_fleet(&plan, wide, &run_dir, &url).await;
     let steps = schedule(&plan, &mut suite.rng);
     let chaos = inject_faults(&mut suite, &mut pg, &plan, &steps, began).await;
     let (drained, drain) = drain(&mut suite, &plan).await;
@@ -51,9 +53,10 @@ pub(crate) async fn faults_suite() {
 }
 
 /// Prints the plan, starts the private server and creates the migrated
-/// `faults` database with its `fault_log`: the server, the run directory and
-/// the database's URL.
-async fn start_server(plan: &Plan) -> (PrivatePg, PathBuf, String) {
+/// `faults` database with its `fault_log` and trace, and the limits of the
+/// groups of N > 1 (`wide`): the server, the run directory and the
+/// database's URL.
+async fn start_server(plan: &Plan, wide: &BTreeMap<u32, u32>) -> (PrivatePg, PathBuf, String) {
     println!(
         "faults: {} mode, seed {} (FAULTS_SEED={} replays it)",
         if plan.soak { "soak" } else { "CI" },
@@ -86,12 +89,21 @@ async fn start_server(plan: &Plan) -> (PrivatePg, PathBuf, String) {
         conn.batch_execute(FAULT_LOG)
             .await
             .expect("create fault_log");
+        conn.batch_execute(FAULT_TRACE)
+            .await
+            .expect("create the trace tables and triggers");
+        set_limits(&mut conn, wide).await;
     }
     (pg, run_dir, url)
 }
 
 /// The suite's state, with the workers and the freezer started.
-async fn start_fleet(plan: &Plan, run_dir: &std::path::Path, url: &str) -> Suite {
+async fn start_fleet(
+    plan: &Plan,
+    wide: BTreeMap<u32, u32>,
+    run_dir: &std::path::Path,
+    url: &str,
+) -> Suite {
     let mut suite = Suite {
         rng: Rng::new(plan.seed),
         monitor: Monitor::new(url),
@@ -101,6 +113,8 @@ async fn start_fleet(plan: &Plan, run_dir: &std::path::Path, url: &str) -> Suite
         next_seq: vec![0; plan.groups as usize],
         specials: plan.specials(),
         special_groups: HashSet::new(),
+        wide,
+        retrying_in_wide: 0,
         waves: 0,
         seen: Observed::default(),
         plan: plan.clone(),

@@ -1,7 +1,7 @@
 //! The run's state and its steps: enqueueing waves, kills, terminations,
 //! restarts and the recovery check after each database fault.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
@@ -13,7 +13,7 @@ use pgfifo_tests::records::now_ns;
 
 use crate::jobs::{FaultJob, APP_PREFIX, FAULT_TIMEOUT};
 use crate::monitor::{us, Monitor};
-use crate::plan::{max_attempts, Enqueued, Plan};
+use crate::plan::{group_name, max_attempts, Enqueued, Plan, RETRYING_IN_WIDE};
 use crate::processes::{in_flight_since, Fleet, Role};
 
 // --- The run ----------------------------------------------------------------
@@ -54,11 +54,21 @@ pub(crate) struct Suite {
     pub(crate) next_seq: Vec<u32>,
     pub(crate) specials: Vec<Mode>,
     pub(crate) special_groups: HashSet<u32>,
+    /// The groups of the `faults` queue that run several jobs at once, and
+    /// their N (`plan::wide_groups`).
+    pub(crate) wide: BTreeMap<u32, u32>,
+    /// Jobs that fail an attempt, then succeed, put in those groups so far.
+    pub(crate) retrying_in_wide: usize,
     pub(crate) waves: usize,
     pub(crate) seen: Observed,
 }
 
 impl Suite {
+    /// How many runs of group `grp` may go at once (its N).
+    pub(crate) fn limit_of(&self, grp: u32) -> usize {
+        self.wide.get(&grp).map_or(1, |&n| n as usize)
+    }
+
     pub(crate) async fn enqueue(&mut self, batch: Vec<(NewJob, Enqueued)>) {
         let mut conn = AsyncPgConnection::establish(&format!(
             "{}?application_name=pgfifo-faults-enqueue",
@@ -92,8 +102,18 @@ impl Suite {
         self.rng.shuffle(&mut modes);
         let mut out = Vec::with_capacity(modes.len());
         for mode in modes {
+            // The first few jobs that fail an attempt and then succeed go
+            // into groups of N > 1, where they hold back the jobs behind.
+            let into_wide = matches!(mode, Mode::HangOnce | Mode::PanicOnce)
+                && self.retrying_in_wide < RETRYING_IN_WIDE
+                && self.wide.keys().any(|g| !self.special_groups.contains(g));
             let grp = loop {
-                let g = self.rng.below(self.plan.groups as usize) as u32;
+                let g = if into_wide {
+                    let wide: Vec<u32> = self.wide.keys().copied().collect();
+                    wide[self.rng.below(wide.len())]
+                } else {
+                    self.rng.below(self.plan.groups as usize) as u32
+                };
                 if mode == Mode::Normal
                     || (self.special_groups.len() >= self.plan.groups as usize)
                     || self.special_groups.insert(g)
@@ -101,6 +121,9 @@ impl Suite {
                     break g;
                 }
             };
+            if into_wide {
+                self.retrying_in_wide += 1;
+            }
             let seq = self.next_seq[grp as usize];
             self.next_seq[grp as usize] += 1;
             let work_ms = self.rng.range(
@@ -115,7 +138,7 @@ impl Suite {
                     mode,
                     work_ms,
                 },
-                EnqueueOptions::group(format!("g{grp:04}")).max_attempts(attempts),
+                EnqueueOptions::group(group_name(grp)).max_attempts(attempts),
             )
             .expect("a valid job");
             out.push((

@@ -86,7 +86,9 @@ fn record(line: &Line) {
     }
 }
 
-/// Writes the run's `fault_log` row through the job's transaction.
+/// Writes the run's `fault_log` row through the job's transaction, with
+/// the transaction's start (`now()`): the moment the runner picked the job
+/// (it sends BEGIN with the pick).
 async fn log_run(
     ctx: &mut JobContext<'_>,
     grp: u32,
@@ -96,8 +98,8 @@ async fn log_run(
 ) -> Result<(), diesel::result::Error> {
     let (id, attempt, queue) = (ctx.id(), ctx.attempt(), ctx.queue().to_owned());
     diesel::sql_query(
-        "INSERT INTO fault_log (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO fault_log (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns, picked_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, (extract(epoch FROM now()) * 1e9)::bigint)",
     )
     .bind::<BigInt, _>(id)
     .bind::<Integer, _>(attempt as i32)

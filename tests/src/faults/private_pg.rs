@@ -3,8 +3,9 @@
 //! The suite restarts PostgreSQL and kills its connections, so it cannot use
 //! the machine's shared server (other tests and benchmarks run against it). It
 //! starts its own instance instead: `initdb` into a temporary directory, a free
-//! port on 127.0.0.1, trust authentication, `fsync=on`, the unix socket in the
-//! same directory. PostgreSQL refuses to run as root, so when the suite runs as
+//! port on 127.0.0.1, trust authentication, `fsync=on`,
+//! `track_commit_timestamp=on` (the suite reads when transactions
+//! committed), the unix socket in the same directory. PostgreSQL refuses to run as root, so when the suite runs as
 //! root every server command runs as the `postgres` OS user (`runuser -u
 //! postgres --`), in a directory owned by that user.
 //!
@@ -110,6 +111,7 @@ impl PrivatePg {
              fsync = on\n\
              max_connections = 200\n\
              shared_buffers = 32MB\n\
+             track_commit_timestamp = on\n\
              log_line_prefix = '%m [%p] %a '\n",
             pg.pg_dir.display()
         );

@@ -213,7 +213,8 @@ pub fn in_flight(lines: &[Line]) -> usize {
 }
 
 /// One run as far as exclusivity is concerned: the interval during which it
-/// may have held its group's lock.
+/// may have held its group's lock (or one of its slots, for a group that
+/// runs several jobs at once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Interval {
     /// The run's job and attempt.
@@ -387,7 +388,8 @@ pub fn overlaps(intervals: &[Interval]) -> Vec<(Interval, Interval)> {
 }
 
 /// Consecutive runs of one group (by start) whose `seq` goes down: a job
-/// started before a job enqueued ahead of it in its group had finished.
+/// started before a job enqueued ahead of it in its group had finished (for
+/// groups that run one job at a time; `starts` checks the others).
 pub fn order_violations(intervals: &[Interval]) -> Vec<(Interval, Interval)> {
     let mut found = Vec::new();
     for group in by_group(intervals).values() {

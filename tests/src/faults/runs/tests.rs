@@ -141,3 +141,39 @@ fn runs_are_told_apart_by_process_not_attempt() {
     );
     assert!(overlaps(&iv).is_empty());
 }
+
+#[test]
+fn counts_runs_at_once_against_each_groups_limit() {
+    let lines = [
+        // Group 0 (limit 2): two at once, then a third while both run.
+        start(1, 1, 0, 0, 1, 0),
+        end_of(1, 1, 1, 10),
+        start(2, 1, 0, 1, 2, 2),
+        end_of(2, 1, 2, 20),
+        start(3, 1, 0, 2, 3, 5),
+        end_of(3, 1, 3, 15),
+        // After job 1 ended: two at once again, within the limit.
+        start(4, 1, 0, 3, 1, 16),
+        end_of(4, 1, 1, 30),
+        // Group 1 (limit 1): one after another.
+        start(5, 1, 1, 0, 1, 0),
+        end_of(5, 1, 1, 10),
+        start(6, 1, 1, 1, 2, 11),
+        end_of(6, 1, 2, 20),
+    ];
+    let iv = intervals(&lines, &Context::default());
+    let found = at_once(&iv, |grp| if grp == 0 { 2 } else { 1 });
+    assert_eq!(found.over.len(), 1);
+    let (going, run) = &found.over[0];
+    assert_eq!(run.run.job, 3);
+    assert_eq!(
+        going.iter().map(|g| g.run.job).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert_eq!(found.peaks, BTreeMap::from([(0, 3), (1, 1)]));
+    // With a limit of 3 the same runs are fine; with 1, every overlap counts.
+    assert!(at_once(&iv, |grp| if grp == 0 { 3 } else { 1 })
+        .over
+        .is_empty());
+    assert_eq!(overlaps(&iv).len(), 3);
+}

@@ -119,6 +119,9 @@ DECLARE
     v_conc    integer;
     v_weight  integer;
     v_lim     record;
+    v_first   bigint[];
+    v_wait_id bigint;
+    v_fail_id bigint;
     v_heaviest integer;
     v_passed  boolean := false;
     v_all     boolean := false;
@@ -249,22 +252,34 @@ BEGIN
                                                   AND pgfifo.bucket_due(v_q, v_cand.group_id, v_now,
                                                                         v_lim.rate_count, v_lim.rate_period_ms,
                                                                         v_lim.burst) > v_now;
-                                    -- The oldest of its jobs that no one runs,
-                                    -- if it may start now: one that waits for
-                                    -- its retry (or its time) holds back the
-                                    -- jobs behind it, and so does an older job
-                                    -- that failed an attempt, until it succeeds
-                                    -- (or is cancelled or skipped), as with a
-                                    -- concurrency of 1.
+                                    -- The oldest of its first N jobs that no one
+                                    -- runs (they are the ones that may run: past
+                                    -- them, N older jobs are unfinished), if it
+                                    -- may start: a job that waits for its time
+                                    -- (a retry, a delay, a snooze) holds back
+                                    -- the jobs behind it, and so does one that
+                                    -- failed an attempt, until it succeeds (or
+                                    -- is cancelled or skipped), as with a
+                                    -- concurrency of 1. Those bounds are read
+                                    -- first, and only a job within them is
+                                    -- locked: a job locked and not run would be
+                                    -- passed over by other picks until this
+                                    -- transaction ends.
+                                    SELECT array_agg(f.id ORDER BY f.id),
+                                           min(f.id) FILTER (WHERE f.run_after > v_now),
+                                           min(f.id) FILTER (WHERE f.attempts > 0)
+                                    INTO v_first, v_wait_id, v_fail_id
+                                    FROM (SELECT j.id, j.run_after, j.attempts FROM pgfifo.job AS j
+                                          WHERE j.queue = v_q AND j.group_id = v_cand.group_id
+                                            AND j.state = 'queued'
+                                          ORDER BY j.id LIMIT v_conc) AS f;
                                     SELECT * INTO v_job FROM pgfifo.job AS j
-                                    WHERE j.queue = v_q AND j.group_id = v_cand.group_id AND j.state = 'queued'
+                                    WHERE j.id = ANY (v_first) AND j.state = 'queued' AND j.run_after <= v_now
+                                      AND j.id < coalesce(v_wait_id, 9223372036854775807)
+                                      AND j.id <= coalesce(v_fail_id, 9223372036854775807)
                                     ORDER BY j.id LIMIT 1
                                     FOR UPDATE SKIP LOCKED;
-                                    CONTINUE WHEN NOT FOUND OR v_job.run_after > v_now;
-                                    CONTINUE WHEN EXISTS (
-                                        SELECT 1 FROM pgfifo.job AS r
-                                        WHERE r.queue = v_q AND r.group_id = v_cand.group_id
-                                          AND r.state = 'queued' AND r.attempts > 0 AND r.id < v_job.id);
+                                    CONTINUE WHEN NOT FOUND;
                                     v_shared := v_shared || v_cand.group_id;
                                     v_jobs := v_jobs || v_job;
                                     v_slots := v_slots || v_group.slot;
