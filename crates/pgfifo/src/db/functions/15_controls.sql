@@ -171,6 +171,13 @@ DECLARE
     v_rate   record;
     v_n      integer := 0;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
+        DELETE FROM pgfifo.job_attempt AS a
+        USING unnest(p_ids, p_attempts) AS t(job_id, attempt)
+        WHERE a.job_id = t.job_id AND a.attempt = t.attempt;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        RETURN v_n;
+    END IF;
     FOR v_job IN
         WITH gone AS (
             DELETE FROM pgfifo.job_attempt AS a

@@ -125,7 +125,7 @@ DECLARE
     v_heaviest integer;
     v_passed  boolean := false;
     v_all     boolean := false;
-    v_turn_no bigint := floor(extract(epoch FROM statement_timestamp()) * 10)::bigint;
+    v_turn_no bigint;
     v_shared  text[] := '{}';
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
@@ -152,6 +152,7 @@ BEGIN
         IF v_controlled THEN
             SELECT coalesce(max(c.weight), 1) INTO v_heaviest
             FROM pgfifo.group_control AS c WHERE c.queue = v_q;
+            v_turn_no := floor(extract(epoch FROM v_now) * 10)::bigint;
         END IF;
         FOR v_kind IN 0 .. 1 LOOP
             IF (v_kind + v_turn) % 2 = 0 THEN
@@ -190,8 +191,6 @@ BEGIN
                             EXIT queues WHEN v_more;
                             -- A group that may run more than one job at once
                             -- (concurrency N > 1): see "Slots" below.
-                            v_conc := 1;
-                            v_weight := 1;
                             IF v_controlled THEN
                                 SELECT * INTO v_lim FROM pgfifo.group_limits(v_q, v_cand.group_id);
                                 v_conc := v_lim.concurrency;
@@ -214,7 +213,7 @@ BEGIN
                                     CONTINUE;
                                 END IF;
                             END IF;
-                            IF v_conc > 1 THEN
+                            IF v_controlled AND v_conc > 1 THEN
                                 CONTINUE WHEN v_cand.group_id = ANY (v_shared);
                                 PERFORM 1 FROM pgfifo.group_slot AS s
                                 WHERE s.queue = v_q AND s.group_id = v_cand.group_id AND s.slot < v_conc
@@ -345,8 +344,8 @@ BEGIN
                             -- changed since complete or promote set its time):
                             -- not before its next token. The runner learns of
                             -- that time from its next poll.
-                            v_due := v_now;
                             IF v_controlled THEN
+                                v_due := v_now;
                                 IF v_lim.rate_count IS NOT NULL THEN
                                     v_due := pgfifo.bucket_due(v_q, v_group.group_id, v_now, v_lim.rate_count,
                                                                v_lim.rate_period_ms, v_lim.burst);

@@ -42,6 +42,8 @@ BEGIN
     CROSS JOIN LATERAL (SELECT max(x.attempt) AS n FROM pgfifo.job_attempt x WHERE x.job_id = t.id) AS m
     WHERE coalesce(m.n, 0) < t.max_attempts AND t.id <> ALL (v_refused)
     RETURNING a.job_id, a.attempt;
-    RETURN QUERY SELECT r.id, 0 FROM unnest(v_refused) AS r(id);
+    IF cardinality(v_refused) > 0 THEN
+        RETURN QUERY SELECT r.id, 0 FROM unnest(v_refused) AS r(id);
+    END IF;
 END
 $$;

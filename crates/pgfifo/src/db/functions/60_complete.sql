@@ -97,7 +97,7 @@ BEGIN
             SELECT t.done_id, t.q, t.grp
             FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
             WHERE t.grp IS NOT NULL AND t.outcome NOT IN ('retry', 'snoozed')
-              AND NOT (t.q || chr(31) || t.grp) = ANY (v_inactive)
+              AND NOT (v_controlled AND (t.q || chr(31) || t.grp) = ANY (v_inactive))
               AND NOT (t.outcome = 'failed'
                        AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                                    WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
@@ -132,7 +132,7 @@ BEGIN
             END IF;
         END IF;
         CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
-        IF (v_queue || chr(31) || v_group) = ANY (v_inactive) THEN
+        IF v_controlled AND (v_queue || chr(31) || v_group) = ANY (v_inactive) THEN
             -- Held or parked while this job ran beside others of its group
             -- (concurrency above 1): its head is not this job's to move. A
             -- failure for good under 'hold' holds a parked group.
