@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use pgfifo::admin;
 use pgfifo::runner::{JobEvent, JobOutcome};
 use pgfifo::{async_trait, GroupLimits, Handler, Job, JobContext, JobError, Rate};
+use pgfifo_tests::rates::{starts_of, worst_excess};
 use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
@@ -213,29 +214,13 @@ async fn a_rate_limit_holds_when_slots_race_for_its_tokens() {
     db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
     runner.shutdown().await.unwrap();
 
-    let starts: Vec<f64> = db
-        .text(
-            "SELECT string_agg((extract(epoch FROM a.started_at))::text, ',' ORDER BY a.started_at)
-             FROM pgfifo.job_attempt AS a JOIN pgfifo.job AS j ON j.id = a.job_id
-             WHERE j.group_id = 'rl'",
-        )
-        .await
-        .unwrap()
-        .split(',')
-        .map(|s| s.parse().unwrap())
-        .collect();
+    let starts = starts_of(&db, "rl").await;
     assert_eq!(
         starts.len(),
         16,
         "one start per job: none refused was counted"
     );
-    let mut worst = f64::MIN;
-    for i in 0..starts.len() {
-        for j in i..starts.len() {
-            let bound = 2.0 + 10.0 * (starts[j] - starts[i]);
-            worst = worst.max((j - i + 1) as f64 - bound);
-        }
-    }
+    let worst = worst_excess(&starts, 10.0, 2.0);
     assert!(
         worst <= 0.001,
         "a window exceeded burst + rate × t by {worst}"

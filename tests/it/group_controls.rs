@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use pgfifo::admin::{self, GroupInfo, GroupState};
 use pgfifo::runner::{JobEvent, JobOutcome};
 use pgfifo::{async_trait, GroupLimits, Handler, Job, JobContext, JobError, Rate};
+use pgfifo_tests::rates::{starts_of, worst_excess};
 use pgfifo_tests::{eventually, test_config, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
@@ -90,30 +91,6 @@ async fn in_state(db: &TestDb, group: &str, state: GroupState) -> Result<GroupIn
         Some(info) if info.state == state => Ok(info),
         other => Err(format!("{other:?}")),
     }
-}
-
-/// The group's starts (attempt records), in seconds on the server's clock.
-async fn starts(db: &TestDb, group: &str) -> Vec<f64> {
-    db.text(&format!(
-        "SELECT string_agg((extract(epoch FROM a.started_at))::text, ',' ORDER BY a.started_at)
-         FROM pgfifo.job_attempt AS a JOIN pgfifo.job AS j ON j.id = a.job_id
-         WHERE j.group_id = '{group}'"
-    ))
-    .await
-    .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
-    .unwrap_or_default()
-}
-
-/// The most starts in any window beyond burst + rate × its length.
-fn worst_excess(starts: &[f64], rate_per_s: f64, burst: f64) -> f64 {
-    let mut worst = f64::MIN;
-    for i in 0..starts.len() {
-        for j in i..starts.len() {
-            let bound = burst + rate_per_s * (starts[j] - starts[i]);
-            worst = worst.max((j - i + 1) as f64 - bound);
-        }
-    }
-    worst
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,7 +197,7 @@ async fn a_rate_limit_spaces_starts_by_tokens_and_wakes_for_the_next() {
     db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
     runner.shutdown().await.unwrap();
 
-    let starts = starts(&db, "r").await;
+    let starts = starts_of(&db, "r").await;
     assert_eq!(starts.len(), 12);
     let worst = worst_excess(&starts, 10.0, 2.0);
     assert!(worst <= 0.001, "a window exceeded the bound by {worst}");

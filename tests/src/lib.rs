@@ -16,6 +16,7 @@ pub mod browser;
 pub mod faults;
 pub mod pgbouncer;
 pub mod query;
+pub mod rates;
 pub mod records;
 pub mod release_0_1_0;
 mod server;

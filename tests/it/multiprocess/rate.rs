@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use pgfifo::{EnqueueOptions, GroupLimits, NewJob, Rate};
+use pgfifo_tests::rates::{starts_of, worst_excess};
 use pgfifo_tests::{records, TestDb};
 
 use super::harness::{MpJob, Workers, MP_LOG};
@@ -58,25 +59,9 @@ async fn a_rate_limit_holds_across_three_processes() {
     workers.terminate().await;
 
     // Starts of the limited group, in seconds on the server's clock.
-    let starts: Vec<f64> = db
-        .text(
-            "SELECT string_agg((extract(epoch FROM a.started_at))::text, ',' ORDER BY a.started_at)
-             FROM pgfifo.job_attempt AS a JOIN pgfifo.job AS j ON j.id = a.job_id
-             WHERE j.group_id = 'g000'",
-        )
-        .await
-        .expect("the limited group started jobs")
-        .split(',')
-        .map(|s| s.parse().unwrap())
-        .collect();
-    let mut worst = f64::MIN;
-    for i in 0..starts.len() {
-        for j in i..starts.len() {
-            let count = (j - i + 1) as f64;
-            let bound = f64::from(BURST) + f64::from(RATE) * (starts[j] - starts[i]);
-            worst = worst.max(count - bound);
-        }
-    }
+    let starts = starts_of(&db, "g000").await;
+    assert!(!starts.is_empty(), "the limited group started no job");
+    let worst = worst_excess(&starts, f64::from(RATE), f64::from(BURST));
     let span = starts.last().unwrap() - starts.first().unwrap();
     println!(
         "limited group: {} starts over {span:.2} s (bound {BURST} + {RATE}/s); worst excess {worst:.4}",
