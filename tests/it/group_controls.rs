@@ -21,26 +21,37 @@ const LIMIT: Duration = Duration::from_secs(20);
 /// runner, not found by a poll.
 const SLOW_POLL: Duration = Duration::from_secs(30);
 
-/// Handler runs of this module: job id → (start, end, attempt) of each run.
-/// Runs are recorded here, outside the job's transaction, because a
-/// snoozed run's writes and attempt record are discarded.
-static RUNS: Mutex<Vec<(i64, SystemTime, SystemTime, u32)>> = Mutex::new(Vec::new());
+/// Handler runs of this module: (database, job id) → (start, end, attempt)
+/// of each run. Runs are recorded here, outside the job's transaction,
+/// because a snoozed run's writes and attempt record are discarded. Keyed
+/// by database too: tests run side by side in one process, and job ids
+/// start at 1 in each test's database.
+type RunKey = (String, i64);
+static RUNS: Mutex<Vec<(RunKey, SystemTime, SystemTime, u32)>> = Mutex::new(Vec::new());
 /// Jobs that snoozed already (each snoozes on its first run only).
-static SNOOZED: Mutex<Option<HashMap<i64, ()>>> = Mutex::new(None);
+static SNOOZED: Mutex<Option<HashMap<RunKey, ()>>> = Mutex::new(None);
 
-fn runs_of(id: i64) -> Vec<(SystemTime, SystemTime, u32)> {
+fn runs_of(db: &TestDb, id: i64) -> Vec<(SystemTime, SystemTime, u32)> {
     RUNS.lock()
         .unwrap()
         .iter()
-        .filter(|r| r.0 == id)
+        .filter(|r| r.0 == (db.name.clone(), id))
         .map(|r| (r.1, r.2, r.3))
         .collect()
+}
+
+fn job(db: &TestDb, snooze_ms: u64) -> ControlsJob {
+    ControlsJob {
+        db: db.name.clone(),
+        snooze_ms,
+    }
 }
 
 /// Snoozes its group for `snooze_ms` on its first run; succeeds after.
 #[derive(Job, Serialize, Deserialize, Debug, Clone)]
 #[job(queue = "controls", max_attempts = 1)]
 struct ControlsJob {
+    db: String,
     snooze_ms: u64,
 }
 
@@ -52,7 +63,7 @@ impl Handler for ControlsJob {
             .lock()
             .unwrap()
             .get_or_insert_with(HashMap::new)
-            .insert(ctx.id(), ())
+            .insert((self.db.clone(), ctx.id()), ())
             .is_none();
         let result = if first && self.snooze_ms > 0 {
             Err(JobError::snooze(
@@ -62,9 +73,12 @@ impl Handler for ControlsJob {
         } else {
             Ok(())
         };
-        RUNS.lock()
-            .unwrap()
-            .push((ctx.id(), start, SystemTime::now(), ctx.attempt()));
+        RUNS.lock().unwrap().push((
+            (self.db.clone(), ctx.id()),
+            start,
+            SystemTime::now(),
+            ctx.attempt(),
+        ));
         result
     }
 }
@@ -100,9 +114,9 @@ async fn a_snooze_keeps_the_head_uses_no_attempt_and_resumes_on_time() {
         .start_runner(test_config().concurrency(4).poll_interval(SLOW_POLL))
         .await;
     let mut events = runner.subscribe();
-    let head = db.enqueue(ControlsJob { snooze_ms: 700 }, "s").await;
-    let next = db.enqueue(ControlsJob { snooze_ms: 0 }, "s").await;
-    let other = db.enqueue(ControlsJob { snooze_ms: 0 }, "t").await;
+    let head = db.enqueue(job(&db, 700), "s").await;
+    let next = db.enqueue(job(&db, 0), "s").await;
+    let other = db.enqueue(job(&db, 0), "t").await;
 
     let event = wait_event(&mut events, head).await;
     match &event.outcome {
@@ -146,7 +160,7 @@ async fn a_snooze_keeps_the_head_uses_no_attempt_and_resumes_on_time() {
     runner.shutdown().await.unwrap();
     // One attempt in all: the snoozed run did not count (max_attempts is 1).
     assert_eq!(db.job_state(head).await, "succeeded 1");
-    let runs = runs_of(head);
+    let runs = runs_of(&db, head);
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!((runs[0].2, runs[1].2), (1, 1), "attempt numbers");
     let slept = runs[1].0.duration_since(runs[0].1).unwrap();
@@ -160,7 +174,7 @@ async fn a_snooze_keeps_the_head_uses_no_attempt_and_resumes_on_time() {
         "ran again after {slept:?}"
     );
     // The job behind it started only after the head's second run.
-    let behind = runs_of(next);
+    let behind = runs_of(&db, next);
     assert_eq!(behind.len(), 1);
     assert!(
         behind[0].0 >= runs[1].1,
@@ -182,7 +196,7 @@ async fn a_rate_limit_spaces_starts_by_tokens_and_wakes_for_the_next() {
     let runner = db.start_runner(config).await;
     let mut ids = Vec::new();
     for _ in 0..12 {
-        ids.push(db.enqueue(ControlsJob { snooze_ms: 0 }, "r").await);
+        ids.push(db.enqueue(job(&db, 0), "r").await);
     }
     // While it drains: the group waits for tokens, and says so.
     let waiting = eventually("the group to wait for a token", LIMIT, || {
@@ -226,8 +240,8 @@ async fn limits_change_at_run_time_without_a_restart() {
     let runner = db
         .start_runner(test_config().concurrency(2).poll_interval(SLOW_POLL))
         .await;
-    let first = db.enqueue(ControlsJob { snooze_ms: 0 }, "w").await;
-    let second = db.enqueue(ControlsJob { snooze_ms: 0 }, "w").await;
+    let first = db.enqueue(job(&db, 0), "w").await;
+    let second = db.enqueue(job(&db, 0), "w").await;
     db.wait_job_succeeded(first, LIMIT).await;
     let info = eventually("the group to wait for its next token", LIMIT, || {
         in_state(&db, "w", GroupState::RateLimited)
