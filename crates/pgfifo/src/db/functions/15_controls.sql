@@ -23,7 +23,8 @@
 -- The limits that apply to a group: its own row's values, else its queue's
 -- defaults (the row whose group_id is ''). rate_count is NULL when the group
 -- has no rate limit; burst defaults to rate_count, concurrency and weight to
--- 1.
+-- 1. (PL/pgSQL, whose plan each session keeps: an SQL function of this
+-- shape is planned again on every call, about 30 µs.)
 CREATE OR REPLACE FUNCTION pgfifo.group_limits(
     p_queue            text,
     p_group            text,
@@ -33,16 +34,19 @@ CREATE OR REPLACE FUNCTION pgfifo.group_limits(
     OUT concurrency    integer,
     OUT weight         integer
 )
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
+BEGIN
     SELECT coalesce(g.rate_count, d.rate_count),
            CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms ELSE d.rate_period_ms END,
            coalesce(g.burst, d.burst, g.rate_count, d.rate_count),
            coalesce(g.concurrency, d.concurrency, 1),
            coalesce(g.weight, d.weight, 1)
+    INTO rate_count, rate_period_ms, burst, concurrency, weight
     FROM (SELECT) AS one
     LEFT JOIN pgfifo.group_control AS d ON d.queue = p_queue AND d.group_id = ''
-    LEFT JOIN pgfifo.group_control AS g ON g.queue = p_queue AND g.group_id = p_group
+    LEFT JOIN pgfifo.group_control AS g ON g.queue = p_queue AND g.group_id = p_group;
+END
 $$;
 
 -- The tokens in a group's bucket at p_now, for a rate limit of
@@ -74,36 +78,51 @@ CREATE OR REPLACE FUNCTION pgfifo.bucket_due(
     p_rate_count integer, p_rate_period_ms bigint, p_burst integer
 )
 RETURNS timestamptz
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT CASE WHEN t.tokens >= 1 - 1e-9 THEN p_now
-                ELSE p_now + ceil((1 - t.tokens) * p_rate_period_ms * 1000.0 / p_rate_count)
-                             * interval '1 microsecond' END
-    FROM (SELECT pgfifo.bucket_tokens(p_queue, p_group, p_now, p_rate_count, p_rate_period_ms,
-                                      p_burst) AS tokens) AS t
+DECLARE
+    v_tokens double precision := pgfifo.bucket_tokens(p_queue, p_group, p_now, p_rate_count,
+                                                      p_rate_period_ms, p_burst);
+BEGIN
+    IF v_tokens >= 1 - 1e-9 THEN
+        RETURN p_now;
+    END IF;
+    RETURN p_now + ceil((1 - v_tokens) * p_rate_period_ms * 1000.0 / p_rate_count)
+                   * interval '1 microsecond';
+END
 $$;
 
 -- A group's tokens at p_now by its limits; NULL without a rate limit.
 CREATE OR REPLACE FUNCTION pgfifo.group_tokens(p_queue text, p_group text, p_now timestamptz)
 RETURNS double precision
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT CASE WHEN l.rate_count IS NOT NULL
-                THEN pgfifo.bucket_tokens(p_queue, p_group, p_now, l.rate_count, l.rate_period_ms,
-                                          l.burst) END
-    FROM pgfifo.group_limits(p_queue, p_group) AS l
+DECLARE
+    l record;
+BEGIN
+    SELECT * INTO l FROM pgfifo.group_limits(p_queue, p_group);
+    IF l.rate_count IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN pgfifo.bucket_tokens(p_queue, p_group, p_now, l.rate_count, l.rate_period_ms, l.burst);
+END
 $$;
 
 -- When a group may next start a job as far as its rate limit goes: p_now if
 -- it has a token (or no limit), else the moment its next token is due.
 CREATE OR REPLACE FUNCTION pgfifo.token_due(p_queue text, p_group text, p_now timestamptz)
 RETURNS timestamptz
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT CASE WHEN l.rate_count IS NULL THEN p_now
-                ELSE pgfifo.bucket_due(p_queue, p_group, p_now, l.rate_count, l.rate_period_ms,
-                                       l.burst) END
-    FROM pgfifo.group_limits(p_queue, p_group) AS l
+DECLARE
+    l record;
+BEGIN
+    SELECT * INTO l FROM pgfifo.group_limits(p_queue, p_group);
+    IF l.rate_count IS NULL THEN
+        RETURN p_now;
+    END IF;
+    RETURN pgfifo.bucket_due(p_queue, p_group, p_now, l.rate_count, l.rate_period_ms, l.burst);
+END
 $$;
 
 -- Takes one token from the bucket of each rate-limited group of the jobs
@@ -116,7 +135,6 @@ $$;
 CREATE OR REPLACE FUNCTION pgfifo.take_start_tokens(p_ids bigint[], p_now timestamptz)
 RETURNS bigint[]
 LANGUAGE plpgsql
-SET jit = off
 AS $$
 DECLARE
     v_job     record;
@@ -162,7 +180,6 @@ $$;
 CREATE OR REPLACE FUNCTION pgfifo.forget_attempts(p_ids bigint[], p_attempts integer[])
 RETURNS integer
 LANGUAGE plpgsql
-SET jit = off
 AS $$
 DECLARE
     v_job    record;
