@@ -7,26 +7,14 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use pgfifo::{EnqueueOptions, GroupLimits, NewJob};
+use pgfifo::GroupLimits;
 use pgfifo_tests::records::{self, Run};
 use pgfifo_tests::TestDb;
 
-use super::harness::{MpJob, Workers, MP_LOG};
+use super::harness::{mp_job, Workers, MP_LOG};
 
 const WIDE_JOBS: u32 = 45;
 const NARROW_JOBS: u32 = 30;
-
-fn job(group: u32, seq: u32, work_us: u64) -> NewJob {
-    NewJob::new(
-        &MpJob {
-            group,
-            seq,
-            work_us,
-        },
-        EnqueueOptions::group(format!("g{group:03}")),
-    )
-    .unwrap()
-}
 
 /// The process id in a runner's default name (`host:pid:tag`).
 fn pid_of(runner: &str) -> u32 {
@@ -43,8 +31,8 @@ async fn a_group_runs_three_at_once_across_processes_and_a_kill_frees_its_slot()
         .unwrap();
     let mut workers = Workers::start(3, &db.url, &[]).await;
     let jobs = (0..WIDE_JOBS)
-        .map(|seq| job(0, seq, 250_000))
-        .chain((0..NARROW_JOBS).map(|seq| job(1, seq, 20_000)));
+        .map(|seq| mp_job(0, seq, 250_000))
+        .chain((0..NARROW_JOBS).map(|seq| mp_job(1, seq, 20_000)));
     let ids = pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
 
     // Kill a worker that is running a job of the wide group, after a few

@@ -294,6 +294,11 @@ fn job(k: u32) -> NewJob {
     } else {
         200 + u64::from(k.wrapping_mul(7919) % 801)
     };
+    mp_job(group, seq, work_us)
+}
+
+/// Job `seq` of group `g{group:03}`, its handler working `work_us`.
+pub(crate) fn mp_job(group: u32, seq: u32, work_us: u64) -> NewJob {
     NewJob::new(
         &MpJob {
             group,

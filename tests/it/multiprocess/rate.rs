@@ -9,11 +9,11 @@
 
 use std::time::{Duration, Instant};
 
-use pgfifo::{EnqueueOptions, GroupLimits, NewJob, Rate};
+use pgfifo::{GroupLimits, Rate};
 use pgfifo_tests::rates::{starts_of, worst_excess};
 use pgfifo_tests::{records, TestDb};
 
-use super::harness::{MpJob, Workers, MP_LOG};
+use super::harness::{mp_job, Workers, MP_LOG};
 
 const RATE: u32 = 20;
 const BURST: u32 = 5;
@@ -21,18 +21,6 @@ const RUN_FOR: Duration = Duration::from_secs(10);
 /// More than the limited group can start in RUN_FOR.
 const LIMITED_JOBS: u32 = 400;
 const FREE_JOBS: u32 = 300;
-
-fn job(group: u32, seq: u32) -> NewJob {
-    NewJob::new(
-        &MpJob {
-            group,
-            seq,
-            work_us: 200,
-        },
-        EnqueueOptions::group(format!("g{group:03}")),
-    )
-    .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_holds_across_three_processes() {
@@ -49,8 +37,8 @@ async fn a_rate_limit_holds_across_three_processes() {
     let mut workers = Workers::start(3, &db.url, &[]).await;
     let began = Instant::now();
     let jobs = (0..LIMITED_JOBS)
-        .map(|seq| job(0, seq))
-        .chain((0..FREE_JOBS).map(|seq| job(1, seq)));
+        .map(|seq| mp_job(0, seq, 200))
+        .chain((0..FREE_JOBS).map(|seq| mp_job(1, seq, 200)));
     pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
     while began.elapsed() < RUN_FOR {
         workers.assert_running();
