@@ -147,12 +147,17 @@ BEGIN
         SELECT j.id, j.queue, j.group_id FROM pgfifo.job AS j
         WHERE j.id = ANY (p_ids) AND j.group_id IS NOT NULL
           AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
-        ORDER BY j.id
+        -- (Buckets are locked in one order by every caller: no deadlock.)
+        ORDER BY j.queue, j.group_id, j.id
     LOOP
         SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
         CONTINUE WHEN v_rate.rate_count IS NULL;
-        -- Lock the bucket first (if it has a row), so that the tokens read
-        -- next are the newest.
+        -- Lock the bucket first, so that the tokens read next are the
+        -- newest. A group without one gets a full one now: two first takes
+        -- must not both count from a full bucket.
+        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at)
+        VALUES (v_job.queue, v_job.group_id, v_rate.burst, v_now)
+        ON CONFLICT (queue, group_id) DO NOTHING;
         PERFORM 1 FROM pgfifo.group_bucket AS b
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
         v_tokens := pgfifo.bucket_tokens(v_job.queue, v_job.group_id, v_now, v_rate.rate_count,
@@ -202,7 +207,7 @@ BEGIN
             WHERE a.job_id = t.job_id AND a.attempt = t.attempt
             RETURNING a.job_id)
         SELECT j.queue, j.group_id FROM gone JOIN pgfifo.job AS j ON j.id = gone.job_id
-        ORDER BY j.id
+        ORDER BY j.queue, j.group_id, j.id
     LOOP
         v_n := v_n + 1;
         CONTINUE WHEN v_job.group_id IS NULL;
@@ -212,7 +217,8 @@ BEGIN
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
         v_tokens := pgfifo.bucket_tokens(v_job.queue, v_job.group_id, v_now, v_rate.rate_count,
                                          v_rate.rate_period_ms, v_rate.burst);
-        UPDATE pgfifo.group_bucket AS b SET tokens = least(v_tokens + 1, v_rate.burst), at = v_now
+        UPDATE pgfifo.group_bucket AS b
+        SET tokens = least(v_tokens + 1, v_rate.burst), at = greatest(b.at, v_now)
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id;
     END LOOP;
     RETURN v_n;

@@ -122,6 +122,8 @@ DECLARE
     v_first   bigint[];
     v_wait_id bigint;
     v_fail_id bigint;
+    v_slotted boolean;
+    v_took    boolean;
     v_heaviest integer;
     v_passed  boolean := false;
     v_all     boolean := false;
@@ -214,72 +216,89 @@ BEGIN
                                 END IF;
                             END IF;
                             IF v_controlled AND v_conc > 1 THEN
-                                CONTINUE WHEN v_cand.group_id = ANY (v_shared);
-                                PERFORM 1 FROM pgfifo.group_slot AS s
-                                WHERE s.queue = v_q AND s.group_id = v_cand.group_id AND s.slot < v_conc
-                                ORDER BY s.slot LIMIT 1
-                                FOR UPDATE SKIP LOCKED;
-                                IF FOUND THEN
-                                    SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
-                                           EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
-                                                   WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
-                                    INTO v_group
-                                    FROM pgfifo.queue_group AS g
-                                    WHERE g.queue = v_q AND g.group_id = v_cand.group_id;
-                                    CONTINUE WHEN v_group.ready_at IS NULL OR v_group.ready_at > v_now
-                                                  OR v_group.head_id IS NULL;
-                                    IF v_group.paused THEN
-                                        -- Parked like any paused group (below),
-                                        -- with its row locked for the moment
-                                        -- until the caller commits.
-                                        CONTINUE WHEN v_count > 0;
-                                        PERFORM 1 FROM pgfifo.queue_group AS g
-                                        WHERE g.queue = v_q AND g.group_id = v_cand.group_id
-                                        FOR UPDATE OF g SKIP LOCKED;
-                                        CONTINUE WHEN NOT FOUND;
-                                        IF pg_try_advisory_xact_lock(1885824614,
-                                                                     pgfifo.group_lock_key(v_q, v_group.group_id)) THEN
-                                            UPDATE pgfifo.queue_group AS g
-                                            SET head_id = NULL, ready_at = NULL, idle_since = v_now
-                                            WHERE g.queue = v_q AND g.group_id = v_group.group_id;
-                                        END IF;
-                                        RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
-                                                            NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
-                                        RETURN;
-                                    END IF;
-                                    CONTINUE WHEN v_lim.rate_count IS NOT NULL
-                                                  AND pgfifo.bucket_due(v_q, v_cand.group_id, v_now,
-                                                                        v_lim.rate_count, v_lim.rate_period_ms,
-                                                                        v_lim.burst) > v_now;
-                                    -- The oldest of its first N jobs that no one
-                                    -- runs (they are the ones that may run: past
-                                    -- them, N older jobs are unfinished), if it
-                                    -- may start: a job that waits for its time
-                                    -- (a retry, a delay, a snooze) holds back
-                                    -- the jobs behind it, and so does one that
-                                    -- failed an attempt, until it succeeds (or
-                                    -- is cancelled or skipped), as with a
-                                    -- concurrency of 1. Those bounds are read
-                                    -- first, and only a job within them is
-                                    -- locked: a job locked and not run would be
-                                    -- passed over by other picks until this
-                                    -- transaction ends.
-                                    SELECT array_agg(f.id ORDER BY f.id),
-                                           min(f.id) FILTER (WHERE f.run_after > v_now),
-                                           min(f.id) FILTER (WHERE f.attempts > 0)
-                                    INTO v_first, v_wait_id, v_fail_id
-                                    FROM (SELECT j.id, j.run_after, j.attempts FROM pgfifo.job AS j
-                                          WHERE j.queue = v_q AND j.group_id = v_cand.group_id
-                                            AND j.state = 'queued'
-                                          ORDER BY j.id LIMIT v_conc) AS f;
-                                    SELECT * INTO v_job FROM pgfifo.job AS j
-                                    WHERE j.id = ANY (v_first) AND j.state = 'queued' AND j.run_after <= v_now
-                                      AND j.id < coalesce(v_wait_id, 9223372036854775807)
-                                      AND j.id <= coalesce(v_fail_id, 9223372036854775807)
-                                    ORDER BY j.id LIMIT 1
-                                    FOR UPDATE SKIP LOCKED;
+                                CONTINUE WHEN (v_q || chr(31) || v_cand.group_id) = ANY (v_shared);
+                                -- What decides whether the group may start a
+                                -- job now is read first, without locks.
+                                SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
+                                       EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                               WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+                                INTO v_group
+                                FROM pgfifo.queue_group AS g
+                                WHERE g.queue = v_q AND g.group_id = v_cand.group_id;
+                                CONTINUE WHEN NOT FOUND OR v_group.ready_at IS NULL OR v_group.ready_at > v_now
+                                              OR v_group.head_id IS NULL;
+                                IF v_group.paused THEN
+                                    -- Parked like any paused group (below),
+                                    -- with its row locked for the moment
+                                    -- until the caller commits.
+                                    CONTINUE WHEN v_count > 0;
+                                    PERFORM 1 FROM pgfifo.queue_group AS g
+                                    WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                                    FOR UPDATE OF g SKIP LOCKED;
                                     CONTINUE WHEN NOT FOUND;
-                                    v_shared := v_shared || v_cand.group_id;
+                                    IF pg_try_advisory_xact_lock(1885824614,
+                                                                 pgfifo.group_lock_key(v_q, v_group.group_id)) THEN
+                                        UPDATE pgfifo.queue_group AS g
+                                        SET head_id = NULL, ready_at = NULL, idle_since = v_now
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                    END IF;
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                    RETURN;
+                                END IF;
+                                CONTINUE WHEN v_lim.rate_count IS NOT NULL
+                                              AND pgfifo.bucket_due(v_q, v_cand.group_id, v_now,
+                                                                    v_lim.rate_count, v_lim.rate_period_ms,
+                                                                    v_lim.burst) > v_now;
+                                -- The job to start: the oldest of the first N
+                                -- queued jobs (they are the ones that may run:
+                                -- past them, N older jobs are unfinished) that
+                                -- no one runs, and only if it may start: a job
+                                -- that waits for its time (a retry, a delay, a
+                                -- snooze) holds back the jobs behind it, and so
+                                -- does one that failed an attempt, until it
+                                -- succeeds (or is cancelled or skipped), as with
+                                -- a concurrency of 1. Only a job within these
+                                -- bounds is locked: a job locked and not run
+                                -- would be passed over by other picks until this
+                                -- transaction ends.
+                                SELECT array_agg(f.id ORDER BY f.id),
+                                       min(f.id) FILTER (WHERE f.run_after > v_now),
+                                       min(f.id) FILTER (WHERE f.attempts > 0)
+                                INTO v_first, v_wait_id, v_fail_id
+                                FROM (SELECT j.id, j.run_after, j.attempts FROM pgfifo.job AS j
+                                      WHERE j.queue = v_q AND j.group_id = v_cand.group_id
+                                        AND j.state = 'queued'
+                                      ORDER BY j.id LIMIT v_conc) AS f;
+                                -- A slot, then the job. In a subtransaction, so
+                                -- that a slot taken for a job that turns out to
+                                -- be taken goes back at once instead of staying
+                                -- held, unused, until this transaction ends.
+                                v_slotted := false;
+                                v_took := false;
+                                BEGIN
+                                    PERFORM 1 FROM pgfifo.group_slot AS s
+                                    WHERE s.queue = v_q AND s.group_id = v_cand.group_id AND s.slot < v_conc
+                                    ORDER BY s.slot LIMIT 1
+                                    FOR UPDATE SKIP LOCKED;
+                                    v_slotted := FOUND;
+                                    IF v_slotted THEN
+                                        SELECT * INTO v_job FROM pgfifo.job AS j
+                                        WHERE j.id = ANY (v_first) AND j.state = 'queued' AND j.run_after <= v_now
+                                          AND j.id < coalesce(v_wait_id, 9223372036854775807)
+                                          AND j.id <= coalesce(v_fail_id, 9223372036854775807)
+                                        ORDER BY j.id LIMIT 1
+                                        FOR UPDATE SKIP LOCKED;
+                                        v_took := FOUND;
+                                        IF NOT v_took THEN
+                                            RAISE SQLSTATE 'PF001';
+                                        END IF;
+                                    END IF;
+                                EXCEPTION WHEN SQLSTATE 'PF001' THEN
+                                    NULL; -- the slot goes back
+                                END;
+                                IF v_took THEN
+                                    v_shared := v_shared || (v_q || chr(31) || v_cand.group_id);
                                     v_jobs := v_jobs || v_job;
                                     v_slots := v_slots || v_group.slot;
                                     v_ids := v_ids || v_job.id;
@@ -287,6 +306,7 @@ BEGIN
                                     EXIT queues WHEN v_count >= v_limit;
                                     CONTINUE;
                                 END IF;
+                                CONTINUE WHEN v_slotted;
                                 -- Every slot busy; or no slot rows yet (made by
                                 -- promote and set_group_control): then the
                                 -- group row serves as its one slot, below.
