@@ -189,8 +189,7 @@ impl Workers {
     }
 
     /// Panics if a worker has exited.
-    /// Every handler run the workers recorded so far (a killed worker's
-    /// complete lines).
+    /// Every run the workers recorded (of a killed worker, its whole lines).
     pub(crate) fn runs(&self) -> Vec<Run> {
         let mut runs = Vec::new();
         for w in &self.procs {
@@ -202,8 +201,7 @@ impl Workers {
         runs
     }
 
-    /// Kills the worker with process id `pid` with SIGKILL, mid-whatever it
-    /// does, and waits for it to be gone. Panics if there is none.
+    /// SIGKILLs the worker with process id `pid`, and waits until it is gone.
     pub(crate) fn kill(&mut self, pid: u32) {
         let i = self
             .procs
