@@ -1,7 +1,7 @@
 //! Semantic 11, weights: among groups with backlog that compete for slots,
 //! starts go in proportion to the groups' weights (in a queue whose
 //! heaviest weight is W, a group of weight w may start jobs in w of every W
-//! tenths of a second); default 1, round robin. Weights never idle a runner.
+//! half-seconds); default 1, round robin. Weights never idle a runner.
 
 use std::time::Duration;
 
@@ -137,7 +137,7 @@ async fn many_groups_get_turns_in_proportion_to_their_weights() {
         .iter()
         .map(|n| (n.as_str(), if n.starts_with('a') { 1 } else { 3 }))
         .collect();
-    let starts = run(&groups, 40, 2, 2_000).await;
+    let starts = run(&groups, 80, 2, 2_000).await;
     let sum = |prefix: &str| -> f64 {
         starts
             .iter()
@@ -147,8 +147,8 @@ async fn many_groups_get_turns_in_proportion_to_their_weights() {
     };
     let r = sum("b") / sum("a");
     println!("starts {starts:?}: ratio {r:.3}");
-    // Measured 2.6 to 2.8: the lighter groups come out a little ahead, as
-    // they take what the heavier ones leave between their jobs (see
-    // docs/group-controls.md).
-    assert!((2.5..=3.3).contains(&r), "ratio {r:.3} (starts {starts:?})");
+    // The documented bound: within 10 % of the weight ratio. Measured 2.85
+    // to 2.98: the lighter groups come out a little ahead, as they have no
+    // job in flight when their turns begin (see docs/group-controls.md).
+    assert!((2.7..=3.3).contains(&r), "ratio {r:.3} (starts {starts:?})");
 }

@@ -17,6 +17,7 @@ pub(crate) mod migrate;
 pub mod pooler;
 pub(crate) mod runner;
 pub(crate) mod schedule;
+pub(crate) mod session_sql;
 pub(crate) mod statement;
 
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;

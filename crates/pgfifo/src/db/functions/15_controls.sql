@@ -162,6 +162,21 @@ BEGIN
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
         v_tokens := pgfifo.bucket_tokens(v_job.queue, v_job.group_id, v_now, v_rate.rate_count,
                                          v_rate.rate_period_ms, v_rate.burst);
+        -- With a concurrency above 1, tokens go in FIFO order: a job does not
+        -- take one while an older queued job of its group has no attempt
+        -- under way (picked by another lane whose take comes next, or handed
+        -- back): that job would start after it. Refused, it is handed back
+        -- and picked again after the older one.
+        IF v_rate.concurrency > 1 AND EXISTS (
+               SELECT 1 FROM pgfifo.job AS k
+               WHERE k.queue = v_job.queue AND k.group_id = v_job.group_id
+                 AND k.state = 'queued' AND k.id < v_job.id
+                 AND NOT (k.id = ANY (p_ids) AND k.id <> ALL (v_refused))
+                 AND NOT EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
+                                 WHERE a.job_id = k.id AND a.finished_at IS NULL)) THEN
+            v_refused := v_refused || v_job.id;
+            CONTINUE;
+        END IF;
         IF v_tokens < 1 - 1e-9 THEN
             v_refused := v_refused || v_job.id;
             CONTINUE;

@@ -59,7 +59,13 @@
 -- holds, read with a snapshot taken after the slot's lock; if that job may
 -- not start yet (it waits for its retry or its time), nothing of the group
 -- starts. Such a group's row is written only briefly, by complete, promote
--- and parking, never held for a job's run. One job per group per pick.
+-- and parking, never held for a job's run. At most one such slot job per
+-- pick, returned first, and only when the transaction-local setting
+-- pgfifo.pick_slots is not 'off' (the runner turns it off when the lane has
+-- no free permit to run a handler at once): a slot job picked but not
+-- started at once (behind another handler of its pick, or waiting for a
+-- permit, or handed back) would let younger jobs of its group start and end
+-- in other slots before it begins.
 --
 -- A worker that stops without closing its connection (frozen by SIGSTOP, a
 -- stalled VM) would hold its groups forever. pick therefore bounds how long T
@@ -128,7 +134,9 @@ DECLARE
     v_passed  boolean := false;
     v_all     boolean := false;
     v_turn_no bigint;
-    v_shared  text[] := '{}';
+    v_slot_job boolean := false;
+    v_slot_left boolean := false;
+    v_slots_ok boolean := current_setting('pgfifo.pick_slots', true) IS DISTINCT FROM 'off';
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
@@ -154,7 +162,7 @@ BEGIN
         IF v_controlled THEN
             SELECT coalesce(max(c.weight), 1) INTO v_heaviest
             FROM pgfifo.group_control AS c WHERE c.queue = v_q;
-            v_turn_no := floor(extract(epoch FROM v_now) * 10)::bigint;
+            v_turn_no := floor(extract(epoch FROM v_now) * 2)::bigint;
         END IF;
         FOR v_kind IN 0 .. 1 LOOP
             IF (v_kind + v_turn) % 2 = 0 THEN
@@ -197,17 +205,21 @@ BEGIN
                                 SELECT * INTO v_lim FROM pgfifo.group_limits(v_q, v_cand.group_id);
                                 v_conc := v_lim.concurrency;
                                 v_weight := v_lim.weight;
-                                -- Weights: time runs in tenths of a second, and
-                                -- a group of weight w may start jobs in w of
-                                -- every W tenths in a row (W: the queue's
-                                -- heaviest weight; which ones follows from a
-                                -- hash of the group), the same for every
-                                -- runner. So groups with backlog start jobs in
-                                -- proportion to their weights while they
-                                -- compete for slots. Never at the cost of
-                                -- idling: a pick that found nothing after
-                                -- passing groups by sweeps again taking every
-                                -- one.
+                                -- Weights: time runs in turns of half a
+                                -- second, and a group of weight w may start
+                                -- jobs in w of every W turns in a row (W: the
+                                -- queue's heaviest weight; which ones follows
+                                -- from a hash of the group), the same for
+                                -- every runner. So groups with backlog start
+                                -- jobs in proportion to their weights while
+                                -- they compete for slots. (A group gains a
+                                -- little at the start of its turns, when it
+                                -- is never busy: the longer the turn, the
+                                -- less that counts. With tenths of a second
+                                -- a weight ratio of 3 came out at 2.7.) Never
+                                -- at the cost of idling: a pick that found
+                                -- nothing after passing groups by sweeps
+                                -- again taking every one.
                                 IF v_weight < v_heaviest AND NOT v_all
                                    AND (v_turn_no + (hashtext(v_cand.group_id) & 2147483647))
                                        % v_heaviest >= v_weight THEN
@@ -216,7 +228,19 @@ BEGIN
                                 END IF;
                             END IF;
                             IF v_controlled AND v_conc > 1 THEN
-                                CONTINUE WHEN (v_q || chr(31) || v_cand.group_id) = ANY (v_shared);
+                                -- A slot job is taken only by a lane that
+                                -- can start it at once (the runner says so:
+                                -- pgfifo.pick_slots), and at most one per
+                                -- pick, run first: a job of such a group that
+                                -- is picked but does not start (it waits for
+                                -- a handler before it, or is handed back)
+                                -- would let younger jobs of its group, in
+                                -- other slots, start and end before it.
+                                CONTINUE WHEN NOT v_slots_ok;
+                                IF v_slot_job THEN
+                                    v_slot_left := true;
+                                    CONTINUE;
+                                END IF;
                                 -- What decides whether the group may start a
                                 -- job now is read first, without locks.
                                 SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
@@ -298,9 +322,9 @@ BEGIN
                                     NULL; -- the slot goes back
                                 END;
                                 IF v_took THEN
-                                    v_shared := v_shared || (v_q || chr(31) || v_cand.group_id);
-                                    v_jobs := v_jobs || v_job;
-                                    v_slots := v_slots || v_group.slot;
+                                    v_slot_job := true;
+                                    v_jobs := v_job || v_jobs;
+                                    v_slots := v_group.slot || v_slots;
                                     v_ids := v_ids || v_job.id;
                                     v_count := v_count + 1;
                                     EXIT queues WHEN v_count >= v_limit;
@@ -457,6 +481,7 @@ BEGIN
     -- Jobs taken or held by the caller's lanes are not left work: at a few
     -- hundred jobs a second, counting them sent most lanes to pick again
     -- after every job, to find nothing.
+    v_more := v_more OR v_slot_left;
     IF v_count >= v_limit AND NOT v_more THEN
         v_ids := v_ids || coalesce(array_remove(p_held, NULL), '{}');
         v_more := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g

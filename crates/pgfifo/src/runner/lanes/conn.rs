@@ -38,9 +38,9 @@ use futures_util::FutureExt;
 
 use super::Lanes;
 use crate::db::runner::{
-    self as sql, Completion, LeftWork, PickRequest, Picked, BEGIN_JOB, CHECK_CONSTRAINTS, COMMIT,
-    COMMIT_AND_BEGIN, HANDLER_SAVEPOINT, PING, RELEASE_HANDLER_SAVEPOINT, ROLLBACK,
-    ROLLBACK_TO_HANDLER_SAVEPOINT,
+    self as sql, Completion, LeftWork, PickRequest, Picked, BEGIN_JOB, BEGIN_JOB_NO_SLOTS,
+    CHECK_CONSTRAINTS, COMMIT, COMMIT_AND_BEGIN, COMMIT_AND_BEGIN_NO_SLOTS, HANDLER_SAVEPOINT,
+    PING, RELEASE_HANDLER_SAVEPOINT, ROLLBACK, ROLLBACK_TO_HANDLER_SAVEPOINT,
 };
 use crate::db::PooledConnection;
 
@@ -139,12 +139,13 @@ impl JobConn {
         Result<(), diesel::result::Error>,
         diesel::QueryResult<Picked>,
     ) {
-        let opener = if commit_first {
-            Some(COMMIT_AND_BEGIN)
-        } else if !self.in_transaction {
-            Some(BEGIN_JOB)
-        } else {
-            None
+        // (A pick in a transaction already open keeps its opener's setting.)
+        let opener = match (commit_first, request.start_at_once) {
+            (true, true) => Some(COMMIT_AND_BEGIN),
+            (true, false) => Some(COMMIT_AND_BEGIN_NO_SLOTS),
+            (false, _) if self.in_transaction => None,
+            (false, true) => Some(BEGIN_JOB),
+            (false, false) => Some(BEGIN_JOB_NO_SLOTS),
         };
         let mut shared: &AsyncPgConnection = &self.conn;
         let pick = sql::pick(shared, request);

@@ -253,6 +253,7 @@ async fn pick_and_run<'l>(
         idle: &lanes.idle_bounds,
         limit,
         held_elsewhere: &locked_elsewhere,
+        start_at_once: board.permits.available_permits() > 0,
     };
     let (opened, picked) = conn.open_and_pick(!pending.is_empty(), &request).await;
     if let Err(err) = opened {
