@@ -279,3 +279,45 @@ async fn cleaning_idle_groups_takes_their_slots_and_buckets() {
         .unwrap();
     assert_eq!(set.and_then(|s| s.concurrency), Some(2));
 }
+
+/// Raising a group's concurrency while a job that started under 1 runs:
+/// that job holds the group's row for its run. The jobs that start in the
+/// new slots finish and commit beside it; their completions do not wait
+/// for its row (they are not the group's head, so they change nothing of
+/// the group).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raising_concurrency_under_a_running_job_does_not_stall_the_new_slots() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let runner = db.start_runner(test_config().concurrency(4)).await;
+    // The first job runs long under the default concurrency of 1.
+    let long = enqueue_all(&db, vec![job(&db, 6_000)], "raised").await;
+    db.wait_attempt_rows(long[0], 1, LIMIT).await;
+    let short = enqueue_all(&db, (0..6).map(|_| job(&db, 20)).collect(), "raised").await;
+    admin::set_group_limits(
+        &mut conn,
+        "conc",
+        "raised",
+        GroupLimits::new().concurrency(3),
+    )
+    .await
+    .unwrap();
+    db.wait_jobs_in(&short, "succeeded", LIMIT).await;
+    assert_eq!(
+        db.job_state(long[0]).await,
+        "queued 0",
+        "the short jobs committed while the long one still ran"
+    );
+    db.wait_jobs_in(&long, "succeeded", LIMIT).await;
+    // The group went idle after its last job (no head left on a finished
+    // job).
+    db.wait_for(
+        "SELECT count(*) FROM pgfifo.queue_group WHERE group_id = 'raised' AND head_id IS NULL AND ready_at IS NULL",
+        1,
+        LIMIT,
+    )
+    .await;
+    runner.shutdown().await.unwrap();
+    let short_runs = runs(&db, &short);
+    assert_eq!(short_runs.len(), 6, "each short job ran once");
+}

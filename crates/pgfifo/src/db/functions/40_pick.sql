@@ -294,6 +294,25 @@ BEGIN
                                       WHERE j.queue = v_q AND j.group_id = v_cand.group_id
                                         AND j.state = 'queued'
                                       ORDER BY j.id LIMIT v_conc) AS f;
+                                IF v_first IS NULL THEN
+                                    -- Active with no queued job: its last
+                                    -- head finished while an enqueuer was in
+                                    -- flight (advance_head left it for a
+                                    -- later look), or a completion that did
+                                    -- not wait for the group's row left the
+                                    -- head on a finished job. Move the head
+                                    -- or declare the group idle, as for a
+                                    -- finished head below.
+                                    CONTINUE WHEN v_count > 0;
+                                    PERFORM 1 FROM pgfifo.queue_group AS g
+                                    WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                                    FOR UPDATE OF g SKIP LOCKED;
+                                    CONTINUE WHEN NOT FOUND;
+                                    PERFORM pgfifo.advance_head(v_q, v_group.group_id, v_group.head_id);
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                    RETURN;
+                                END IF;
                                 -- A slot, then the job. In a subtransaction, so
                                 -- that a slot taken for a job that turns out to
                                 -- be taken goes back at once instead of staying

@@ -55,6 +55,10 @@ DECLARE
     v_due      timestamptz;
     v_controlled boolean := false;
     v_inactive text[] := '{}';
+    v_locked   text[] := '{}';
+    v_skipped  text[] := '{}';
+    v_key      text;
+    v_row_ready timestamptz;
     v_lim      record;
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
@@ -75,18 +79,54 @@ BEGIN
     END IF;
     IF v_controlled THEN
         -- A group whose concurrency is above 1 is not held by its jobs'
-        -- transactions (see pick): lock the rows of this call's groups now,
-        -- in one order so that two calls cannot deadlock (a no-op for the
-        -- groups this transaction holds already), and leave alone the groups
-        -- that another job held or parked meanwhile (ready_at NULL).
-        SELECT coalesce(array_agg(l.queue || chr(31) || l.group_id) FILTER (WHERE l.ready_at IS NULL), '{}')
-        INTO v_inactive
-        FROM (SELECT g.queue, g.group_id, g.ready_at
+        -- transactions (see pick): lock the rows of this call's groups now
+        -- (a no-op for the groups this transaction holds already), and
+        -- leave alone the groups that another job held or parked meanwhile
+        -- (ready_at NULL).
+        SELECT coalesce(array_agg(l.k) FILTER (WHERE l.ready_at IS NULL), '{}'),
+               coalesce(array_agg(l.k), '{}')
+        INTO v_inactive, v_locked
+        FROM (SELECT g.queue || chr(31) || g.group_id AS k, g.ready_at
               FROM pgfifo.queue_group AS g
               JOIN (SELECT DISTINCT t.q, t.grp FROM unnest(p_queues, p_groups) AS t(q, grp)) AS d
                 ON g.queue = d.q AND g.group_id = d.grp
               ORDER BY g.queue, g.group_id
-              FOR UPDATE OF g) AS l;
+              FOR UPDATE OF g SKIP LOCKED) AS l;
+        -- A row another transaction holds: another completion of the group
+        -- (a moment), or a job that started when the group's concurrency
+        -- was 1 and holds it for its run. A job that finished (or failed,
+        -- unless that holds the group) and is not the group's head changes
+        -- nothing of the group: leave the row alone rather than wait. (If
+        -- the other completion makes this job the head meanwhile, the
+        -- group's next completion, or its next pick, moves the head on.)
+        -- Any other must wait for the row. (One slot job per pick: a call
+        -- waits for one group's row at most.)
+        FOR v_i IN 1 .. v_n LOOP
+            CONTINUE WHEN p_groups[v_i] IS NULL;
+            v_key := p_queues[v_i] || chr(31) || p_groups[v_i];
+            CONTINUE WHEN v_key = ANY (v_locked) OR v_key = ANY (v_skipped);
+            IF (p_outcomes[v_i] IN ('succeeded', 'cancelled')
+                OR (p_outcomes[v_i] = 'failed'
+                    AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
+                                    WHERE s.queue = p_queues[v_i] AND s.failure_policy = 'hold')))
+               AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                               WHERE g.queue = p_queues[v_i] AND g.group_id = p_groups[v_i]
+                                 AND g.head_id = p_ids[v_i]) THEN
+                v_skipped := v_skipped || v_key;
+                -- Its group may have a job to start in the freed slot.
+                ready_now := true;
+            ELSE
+                SELECT g.ready_at INTO v_row_ready FROM pgfifo.queue_group AS g
+                WHERE g.queue = p_queues[v_i] AND g.group_id = p_groups[v_i]
+                FOR UPDATE OF g;
+                IF FOUND THEN
+                    v_locked := v_locked || v_key;
+                    IF v_row_ready IS NULL THEN
+                        v_inactive := v_inactive || v_key;
+                    END IF;
+                END IF;
+            END IF;
+        END LOOP;
     END IF;
     -- The common case: the group has a next job, which becomes the head (a
     -- HOT update when it is ready at once). Not for retries (the job stays
@@ -97,7 +137,7 @@ BEGIN
             SELECT t.done_id, t.q, t.grp
             FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
             WHERE t.grp IS NOT NULL AND t.outcome NOT IN ('retry', 'snoozed')
-              AND NOT (v_controlled AND (t.q || chr(31) || t.grp) = ANY (v_inactive))
+              AND NOT (v_controlled AND (t.q || chr(31) || t.grp) = ANY (v_inactive || v_skipped))
               AND NOT (t.outcome = 'failed'
                        AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                                    WHERE s.queue = t.q AND s.failure_policy = 'hold'))),
@@ -132,6 +172,7 @@ BEGIN
             END IF;
         END IF;
         CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
+        CONTINUE WHEN v_controlled AND (v_queue || chr(31) || v_group) = ANY (v_skipped);
         IF v_controlled AND (v_queue || chr(31) || v_group) = ANY (v_inactive) THEN
             -- Held or parked while this job ran beside others of its group
             -- (concurrency above 1): its head is not this job's to move. A
@@ -197,7 +238,8 @@ BEGIN
     -- waits for its next token: nothing picks it before then.
     IF v_controlled THEN
         FOR v_i IN 1 .. v_n LOOP
-            CONTINUE WHEN p_groups[v_i] IS NULL OR p_outcomes[v_i] = 'snoozed';
+            CONTINUE WHEN p_groups[v_i] IS NULL OR p_outcomes[v_i] = 'snoozed'
+                          OR (p_queues[v_i] || chr(31) || p_groups[v_i]) = ANY (v_skipped);
             SELECT * INTO v_lim FROM pgfifo.group_limits(p_queues[v_i], p_groups[v_i]);
             CONTINUE WHEN v_lim.rate_count IS NULL;
             v_due := pgfifo.bucket_due(p_queues[v_i], p_groups[v_i], v_now, v_lim.rate_count,
