@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use pgfifo::admin;
 use pgfifo::runner::{JobEvent, JobOutcome};
-use pgfifo::{async_trait, GroupLimits, Handler, Job, JobContext, JobError, Rate};
+use pgfifo::{
+    async_trait, EnqueueOptions, GroupLimits, Handler, Job, JobContext, JobError, NewJob, Rate,
+};
 use pgfifo_tests::rates::{starts_of, worst_excess};
 use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
@@ -320,4 +322,43 @@ async fn raising_concurrency_under_a_running_job_does_not_stall_the_new_slots() 
     runner.shutdown().await.unwrap();
     let short_runs = runs(&db, &short);
     assert_eq!(short_runs.len(), 6, "each short job ran once");
+}
+
+/// A backlog that arrives in a group of concurrency 3 while one job runs
+/// (enqueues into an active group wake nobody) fills the three slots as
+/// soon as a lane looks at the group: the lane that takes a job wakes
+/// another while a slot and a job are left, rather than each slot waiting
+/// for a poll (30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_fills_every_free_slot_without_a_poll() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_group_limits(
+        &mut conn,
+        "conc",
+        "burst",
+        GroupLimits::new().concurrency(3),
+    )
+    .await
+    .unwrap();
+    let runner = db
+        .start_runner(
+            test_config()
+                .concurrency(4)
+                .poll_interval(Duration::from_secs(30)),
+        )
+        .await;
+    let first = enqueue_all(&db, vec![job(&db, 1_500)], "burst").await;
+    db.wait_attempt_rows(first[0], 1, LIMIT).await;
+    let jobs = (0..4)
+        .map(|_| NewJob::new(&job(&db, 500), EnqueueOptions::group("burst")).unwrap())
+        .collect::<Vec<_>>();
+    let ids = pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
+    db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
+    runner.shutdown().await.unwrap();
+    let all: Vec<i64> = first.iter().chain(&ids).copied().collect();
+    let runs = runs(&db, &all);
+    assert_eq!(runs.len(), 5, "each job ran once");
+    // Two of the backlog beside the first job, before it ends.
+    assert_eq!(peak(&runs), 3, "the group's three slots filled: {runs:?}");
 }
