@@ -362,3 +362,57 @@ async fn a_backlog_fills_every_free_slot_without_a_poll() {
     // Two of the backlog beside the first job, before it ends.
     assert_eq!(peak(&runs), 3, "the group's three slots filled: {runs:?}");
 }
+
+/// Lowering a group's concurrency while more than the new N run: jobs that
+/// started before finish, and no new job starts while N or more of the
+/// group run, even once a slot below the new N is free (a job starts only
+/// from the group's first N queued jobs, and running jobs are among them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lowering_concurrency_starts_nothing_beyond_the_new_limit() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_group_limits(
+        &mut conn,
+        "conc",
+        "lowered",
+        GroupLimits::new().concurrency(3),
+    )
+    .await
+    .unwrap();
+    let runner = db.start_runner(test_config().concurrency(4)).await;
+    let old = enqueue_all(
+        &db,
+        vec![job(&db, 600), job(&db, 1_200), job(&db, 1_800)],
+        "lowered",
+    )
+    .await;
+    for id in &old {
+        db.wait_attempt_rows(*id, 1, LIMIT).await;
+    }
+    admin::set_group_limits(
+        &mut conn,
+        "conc",
+        "lowered",
+        GroupLimits::new().concurrency(2),
+    )
+    .await
+    .unwrap();
+    let new = enqueue_all(&db, (0..4).map(|_| job(&db, 100)).collect(), "lowered").await;
+    db.wait_jobs_in(&new, "succeeded", LIMIT).await;
+    db.wait_jobs_in(&old, "succeeded", LIMIT).await;
+    runner.shutdown().await.unwrap();
+    let all: Vec<i64> = old.iter().chain(&new).copied().collect();
+    let runs = runs(&db, &all);
+    assert_eq!(runs.len(), 7, "each job ran once");
+    for &(id, start, _) in runs.iter().filter(|r| new.contains(&r.0)) {
+        let beside: Vec<i64> = runs
+            .iter()
+            .filter(|r| r.0 != id && r.1 <= start && r.2 > start)
+            .map(|r| r.0)
+            .collect();
+        assert!(
+            beside.len() < 2,
+            "job {id} started beside {beside:?} with a concurrency of 2"
+        );
+    }
+}
