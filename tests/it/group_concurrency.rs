@@ -253,7 +253,9 @@ async fn wait_for(
 }
 
 /// Retention's deletion of idle groups takes their slots, buckets and
-/// snooze marks with them; the limits set for a group stay.
+/// snooze marks with them; the limits set for a group stay. A bucket that
+/// has not refilled yet stays until it has: the group, back, must not get
+/// a full one early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleaning_idle_groups_takes_their_slots_and_buckets() {
     let db = TestDb::new().await;
@@ -264,18 +266,33 @@ async fn cleaning_idle_groups_takes_their_slots_and_buckets() {
     admin::set_group_limits(&mut conn, "conc", "gone", limits)
         .await
         .unwrap();
+    let slow = GroupLimits::new().rate(Rate::per_minute(1).unwrap());
+    admin::set_group_limits(&mut conn, "conc", "slow", slow)
+        .await
+        .unwrap();
     let runner = db.start_runner(test_config().concurrency(2)).await;
     let id = db.enqueue(job(&db, 1), "gone").await;
+    let slow_id = db.enqueue(job(&db, 1), "slow").await;
     db.wait_job_succeeded(id, LIMIT).await;
+    db.wait_job_succeeded(slow_id, LIMIT).await;
     runner.shutdown().await.unwrap();
     let rows = "SELECT (SELECT count(*) FROM pgfifo.group_slot) * 10
                      + (SELECT count(*) FROM pgfifo.group_bucket)";
-    assert_eq!(db.scalar(rows).await, 21, "two slots and a bucket");
+    assert_eq!(db.scalar(rows).await, 22, "two slots and two buckets");
     let cleaned = admin::clean_groups(&mut conn, Duration::ZERO, 100)
         .await
         .unwrap();
-    assert_eq!(cleaned, 1);
-    assert_eq!(db.scalar(rows).await, 0);
+    assert_eq!(cleaned, 2);
+    assert_eq!(
+        db.scalar(rows).await,
+        1,
+        "only the bucket still refilling is left"
+    );
+    let left = db
+        .text("SELECT group_id FROM pgfifo.group_bucket")
+        .await
+        .unwrap();
+    assert_eq!(left, "slow");
     let set = admin::limits_of(&mut conn, "conc", Some("gone"))
         .await
         .unwrap();

@@ -336,8 +336,10 @@ $$;
 
 -- Deletes the slot, bucket and snooze rows of groups whose group row is
 -- gone (retention deleted the idle group; a group that comes back starts
--- afresh: a full bucket, slots made again when it becomes active). At most
--- p_limit rows of each table. Returns how many rows it deleted.
+-- afresh: a full bucket, slots made again when it becomes active). A bucket
+-- goes only once it has refilled: a group that comes back must not get
+-- tokens its limit has not given it yet. At most p_limit rows of each
+-- table. Returns how many rows it deleted.
 CREATE OR REPLACE FUNCTION pgfifo.clean_group_controls(p_limit integer) RETURNS bigint
 LANGUAGE plpgsql
 AS $$
@@ -356,9 +358,13 @@ BEGIN
     DELETE FROM pgfifo.group_bucket AS b
     WHERE (b.queue, b.group_id) IN (
         SELECT x.queue, x.group_id FROM pgfifo.group_bucket AS x
+        CROSS JOIN LATERAL pgfifo.group_limits(x.queue, x.group_id) AS r
         WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                           WHERE g.queue = x.queue AND g.group_id = x.group_id)
-        LIMIT p_limit FOR UPDATE SKIP LOCKED);
+          AND (r.rate_count IS NULL
+               OR pgfifo.bucket_tokens(x.queue, x.group_id, now(), r.rate_count,
+                                       r.rate_period_ms, r.burst) >= r.burst - 1e-9)
+        LIMIT p_limit FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     v_n := v_n + v_rows;
     DELETE FROM pgfifo.group_snooze AS z
