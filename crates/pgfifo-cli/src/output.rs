@@ -5,6 +5,7 @@
 //! [`fields`] so that they all look alike.
 
 use std::fmt::Display;
+use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -28,10 +29,17 @@ impl Output {
             human(value)
         };
         let text = text.trim_end_matches('\n');
-        if !text.is_empty() {
-            println!("{text}");
+        if text.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let mut stdout = std::io::stdout().lock();
+        match writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+            Ok(()) => Ok(()),
+            // The reader went away (`pgfifo groups | head`): what it wanted
+            // it has.
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            Err(err) => Err(CliError::failure(format!("cannot write the output: {err}"))),
+        }
     }
 }
 

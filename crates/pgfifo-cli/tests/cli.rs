@@ -455,3 +455,24 @@ fn every_command_has_help() {
     let retry = pgfifo(None, &["retry", "--help"]).expect(0).stdout;
     assert!(retry.contains("none of them could be retried"), "{retry}");
 }
+
+/// A reader that goes away before the output is written (`pgfifo status |
+/// head -0`) ends the command quietly, with status 0, not with a panic.
+#[tokio::test]
+async fn a_closed_stdout_is_not_an_error() {
+    let db = TestDb::new().await;
+    enqueue(&db, QUEUE, &["a", "b"]).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pgfifo"))
+        .args(["status"])
+        .env("DATABASE_URL", &db.url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pgfifo");
+    // Closed before the command has even connected to the database.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for pgfifo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+}
