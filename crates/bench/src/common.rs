@@ -263,6 +263,53 @@ pub fn check(records: &[Record], jobs: u64, groups: u64) -> Checked {
     out
 }
 
+/// [`check`] for groups that may run `concurrency` jobs at once (above 1):
+/// `overlaps` counts runs that began while `concurrency` others of their
+/// group ran, and `order_violations` runs that began after a younger run of
+/// their group had ended (jobs picked a moment apart may begin in either
+/// order; a younger one never runs through while an older one waits).
+pub fn check_concurrent(records: &[Record], jobs: u64, groups: u64, concurrency: u64) -> Checked {
+    let mut out = check(records, jobs, groups);
+    if concurrency <= 1 {
+        return out;
+    }
+    out.overlaps = 0;
+    out.order_violations = 0;
+    let mut by_group: HashMap<u32, Vec<&Record>> = HashMap::new();
+    for r in records {
+        by_group.entry(r.group).or_default().push(r);
+    }
+    for runs in by_group.values() {
+        // (time, 0 = end before a start at the same time, 1 = start)
+        let mut events: Vec<(u64, u8)> = runs
+            .iter()
+            .flat_map(|r| [(r.start_ns, 1), (r.end_ns, 0)])
+            .collect();
+        events.sort_unstable();
+        let mut running = 0u64;
+        for (_, kind) in events {
+            if kind == 1 {
+                if running >= concurrency {
+                    out.overlaps += 1;
+                }
+                running += 1;
+            } else {
+                running = running.saturating_sub(1);
+            }
+        }
+        let mut by_seq: Vec<&Record> = runs.clone();
+        by_seq.sort_unstable_by_key(|r| std::cmp::Reverse(r.seq));
+        let mut first_end_of_younger = u64::MAX;
+        for r in by_seq {
+            if r.start_ns > first_end_of_younger {
+                out.order_violations += 1;
+            }
+            first_end_of_younger = first_end_of_younger.min(r.end_ns);
+        }
+    }
+    out
+}
+
 /// Writes `group<TAB>seq<TAB>start_ns<TAB>end_ns` lines to `path`.
 pub fn write_records(path: &str, records: &[Record]) -> Result<(), String> {
     use std::io::Write;
@@ -339,5 +386,27 @@ mod tests {
         assert_eq!(found.duplicates, 1);
         assert_eq!(found.overlaps, 1);
         assert_eq!(found.order_violations, 2);
+    }
+
+    #[test]
+    fn concurrent_groups_allow_n_at_once_and_a_moment_out_of_order() {
+        // One group, two at a time: seq 1 begins a moment before seq 0.
+        let ok = [
+            r(0, 1, 0, 10),
+            r(0, 0, 1, 11),
+            r(0, 2, 10, 20),
+            r(0, 3, 11, 21),
+        ];
+        assert_eq!(check_concurrent(&ok, 4, 1, 2), Checked::default());
+        // A third at once, and seq 3 waited until seq 4 had ended.
+        let bad = [
+            r(0, 0, 0, 10),
+            r(0, 1, 0, 10),
+            r(0, 2, 5, 15),
+            r(0, 4, 10, 12),
+            r(0, 3, 13, 20),
+        ];
+        let found = check_concurrent(&bad, 5, 1, 2);
+        assert_eq!((found.overlaps, found.order_violations), (1, 1));
     }
 }

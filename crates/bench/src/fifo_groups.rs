@@ -8,6 +8,13 @@
 //! unless `POOLER_DIRECT=0`. Enqueue, checks and the ceiling stay direct.
 //! The WAL written per job (enqueue, and drain with completion) is read from
 //! `pg_current_wal_lsn()` around each phase.
+//!
+//! `GROUP_CONCURRENCY` (default 1) sets the queue's default group
+//! concurrency N before the drain: up to N jobs of a group run at once. The
+//! checks then allow N at once per group (`overlaps` counts runs that began
+//! beside N others) and jobs picked together beginning a moment out of
+//! order (`order_violations` counts jobs that began after a younger one of
+//! their group had ended).
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +35,13 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let workers = inputs.number("WORKERS", 16)?.max(1);
     let work_ms = inputs.number("WORK_MS", 0)?;
     let ceiling_secs = inputs.number("CEILING_SECS", 5)?;
+    let group_concurrency = inputs.number("GROUP_CONCURRENCY", 1)?;
+    let max_n = u64::from(pgfifo::MAX_GROUP_CONCURRENCY);
+    if !(1..=max_n).contains(&group_concurrency) {
+        return Err(format!(
+            "GROUP_CONCURRENCY={group_concurrency} is outside 1 to {max_n}"
+        ));
+    }
     let server = inputs.database_url();
     common::set_work_ms(work_ms);
 
@@ -41,6 +55,14 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let enqueue_rate = jobs as f64 / enqueue_secs;
     progress!("enqueued in {enqueue_secs:.3}s ({enqueue_rate:.0} jobs/s); draining with {workers} workers");
 
+    if group_concurrency > 1 {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        let limits = pgfifo::GroupLimits::new().concurrency(group_concurrency as u32);
+        pgfifo::admin::set_default_group_limits(&mut conn, "bench", limits)
+            .await
+            .map_err(|e| format!("set GROUP_CONCURRENCY: {e}"))?;
+        progress!("groups may run {group_concurrency} jobs at once");
+    }
     common::epoch();
     common::take_records();
     let mut config = inputs.tune(
@@ -82,7 +104,7 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let last = records.iter().map(|r| r.end_ns).max().unwrap_or(0);
     let drain_secs = (last.saturating_sub(first)) as f64 / 1e9;
     let drain_rate = jobs as f64 / drain_secs.max(1e-9);
-    let checked = common::check(&records, jobs, groups);
+    let checked = common::check_concurrent(&records, jobs, groups, group_concurrency);
     // How long handlers ran against how long the slots were there: what
     // separates the runner's overhead from handlers that overran their
     // WORK_MS (a thread's sleep wakes late on loaded cores).
@@ -113,6 +135,7 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         "groups": groups,
         "workers": workers,
         "work_ms": work_ms,
+        "group_concurrency": group_concurrency,
         "enqueue_jobs_per_s": enqueue_rate.round(),
         "drain_jobs_per_s": drain_rate.round(),
         "ceiling_tps": ceiling.round(),
