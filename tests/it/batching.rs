@@ -350,8 +350,8 @@ async fn the_window_bounds_a_batch_and_hands_back_the_rest() {
 async fn free_slots_run_other_groups_side_by_side_instead_of_in_a_batch() {
     let db = TestDb::new().await;
     // 4 groups of 5 jobs of 20 ms, 4 slots, and a window that would let one
-    // lane take all 4 groups at once: while slots are free, a batch holds
-    // about 1 ms of handler time at most, so the groups run side by side.
+    // lane take all 4 groups at once: while another lane seeks work with a
+    // slot free, a pick takes one job, so the groups run side by side.
     let ids = enqueue_round_robin(&db, 20, 4, "s", || BatchSpanJob {}).await;
     let runner = db
         .start_runner(

@@ -95,10 +95,11 @@ pub struct RunnerConfig {
     /// one (default 25 ms), which bounds how long a finished job waits for
     /// its commit, and its group for its next job. Workers size their picks
     /// from how long recent handlers took, so that a batch fits in this
-    /// window. The window is used only while every worker has work: while
-    /// slots are free and some worker found nothing to do, a batch holds
-    /// about a millisecond of handler time, so that jobs of different groups
-    /// run side by side rather than one after another.
+    /// window. Batches are only taken while every worker has work: while
+    /// slots are free and another worker looks for work, a pick takes one
+    /// job, and a pick that took every ready job keeps only one, so that
+    /// jobs of different groups run side by side rather than one after
+    /// another, however short recent handlers were.
     pub batch_window: Duration,
     /// Recurring jobs this runner declares and fires (default none); add
     /// them with [`schedule`](Self::schedule).

@@ -55,6 +55,9 @@ pub(super) struct Finished {
     /// an active group wake nobody), jobs were handed back, or the
     /// transaction was rolled back.
     pub(super) again: bool,
+    /// Whether a group of these jobs has its next job ready now: the lane
+    /// has work of its own to come (see `lane.rs`).
+    pub(super) continues: bool,
     /// How soon work these jobs left becomes ready by itself (a retry's
     /// delay, a group's delayed next job): nobody is woken for it, so the
     /// lane notes it for the timer once the outcomes commit.
@@ -66,6 +69,7 @@ impl Finished {
         Finished {
             done: Vec::new(),
             again: true,
+            continues: false,
             soon: Vec::new(),
         }
     }
@@ -77,6 +81,7 @@ impl From<Written> for Finished {
             Written::Outcomes { done, left } => Finished {
                 done,
                 again: left.now,
+                continues: left.now,
                 soon: left.later,
             },
             Written::RolledBack => Finished::rolled_back(),

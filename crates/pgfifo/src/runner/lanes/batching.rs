@@ -1,14 +1,13 @@
 //! How many jobs a lane's next pick takes: as many as fit in the batch
-//! window by recent handlers' run times (about a millisecond's worth while
-//! free groups are scarce), no more than the last picks found, one while
-//! handlers take the connection. See `execute` for what a batch is.
+//! window by recent handlers' run times, no more than the last picks found;
+//! one while handlers take the connection, and one while another lane of
+//! the runner looks for work with a slot free for it (recent run times say
+//! nothing of the next job's: a job that turns out slow would hold the jobs
+//! picked with it while that lane stands idle). See `batch.rs` for what a
+//! batch is, and `lane.rs` for the picks that are handed back when they
+//! took every ready job.
 
 use std::time::Duration;
-
-/// While free groups are scarce (slots free, lanes idle), a batch holds at
-/// most about this much handler time: the idle lanes would run its jobs
-/// side by side instead of one after another.
-const SPARE_WINDOW: Duration = Duration::from_millis(1);
 
 /// How a lane sizes its picks (see the module documentation).
 #[derive(Debug)]
@@ -42,19 +41,18 @@ impl Batching {
         self.window
     }
 
-    /// How many jobs the next pick takes. `scarce`: free groups are scarce
-    /// (`Shared::groups_scarce`).
-    pub(super) fn limit(&self, scarce: bool) -> i32 {
+    /// How many jobs the next pick takes. `spread`: another lane of the
+    /// runner looks for work and a slot is free (`Board::others_seek`):
+    /// one job, the other lanes take the rest.
+    pub(super) fn limit(&self, spread: bool) -> i32 {
         let Some(average) = self.average else {
             return 1;
         };
-        let window = if scarce {
-            SPARE_WINDOW.min(self.window)
-        } else {
-            self.window
-        };
+        if spread {
+            return 1;
+        }
         let fit = if average > 0.0 {
-            window.as_secs_f64() / average
+            self.window.as_secs_f64() / average
         } else {
             f64::INFINITY
         };
@@ -87,6 +85,13 @@ impl Batching {
         });
     }
 
+    /// The lane found nothing to do: what the last picks found says nothing
+    /// of the next work to come (a burst is sized by what its first pick
+    /// finds, so that a pick that takes every ready job shows it).
+    pub(super) fn found_nothing(&mut self) {
+        self.found = self.max;
+    }
+
     /// A handler took the connection, or the transaction failed: one job at
     /// a time until handlers show otherwise.
     pub(super) fn single(&mut self) {
@@ -105,10 +110,10 @@ mod tests {
         let mut b = Batching::new(16, 5 * MS);
         // Nothing known yet: one job.
         assert_eq!(b.limit(false), 1);
-        // Handlers of 0.5 ms: ten fit in 5 ms; with free slots, two in 1 ms.
+        // Handlers of 0.5 ms: ten fit in 5 ms; one while other lanes seek.
         b.ran(MS / 2);
         assert_eq!(b.limit(false), 10);
-        assert_eq!(b.limit(true), 2);
+        assert_eq!(b.limit(true), 1);
         // A pick that found fewer than it asked for caps the next ones.
         b.picked(10, 3);
         assert_eq!(b.limit(false), 8);
@@ -124,7 +129,14 @@ mod tests {
         b.picked(1, 1);
         b.picked(1, 1);
         b.picked(1, 1);
-        assert_eq!(b.limit(true), 16);
+        assert_eq!(b.limit(false), 16);
+        assert_eq!(b.limit(true), 1);
+        // After nothing was found, the next pick may take up to max_batch.
+        b.picked(16, 2);
+        b.picked(8, 2);
+        assert_eq!(b.limit(false), 4);
+        b.found_nothing();
+        assert_eq!(b.limit(false), 16);
         // Handlers as long as the window: one at a time.
         let mut slow = Batching::new(16, 5 * MS);
         slow.ran(5 * MS);

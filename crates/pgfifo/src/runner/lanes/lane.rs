@@ -14,7 +14,7 @@ use tokio::sync::futures::Notified;
 use super::batch::{run_batch, Finished};
 use super::batching::Batching;
 use super::conn::{ConnectionLost, JobConn};
-use super::{promote_all, Lanes};
+use super::{promote_all, Lanes, Seeking};
 use crate::db::runner::{PickRequest, Picked};
 use crate::runner::jitter::{jittered, random_fraction, reconnect_backoff};
 use crate::runner::outcome::Done;
@@ -78,6 +78,19 @@ struct Lane {
     /// `pgfifo.pick`); lanes start at random places.
     sweep_from: i32,
     batching: Batching,
+    /// Whether the lane's last batch left one of its groups' next job ready:
+    /// it has work of its own to come, and so do the other lanes of a
+    /// backlog over many groups.
+    own_work: bool,
+}
+
+impl Lane {
+    /// The lane looks for work and has none in sight (see [`Seeking`]).
+    fn seeks(&mut self, seeking: &mut Seeking<'_>) {
+        seeking.set(true);
+        self.own_work = false;
+        self.batching.found_nothing();
+    }
 }
 
 /// What one step of a lane's drain came to.
@@ -98,7 +111,10 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
         turn: index as i32,
         sweep_from: random_fraction().mul_add(4_294_967_295.0, -2_147_483_648.0) as i32,
         batching: Batching::new(lanes.settings.max_batch, lanes.settings.batch_window),
+        own_work: false,
     };
+    let mut seeking = Seeking::new(board);
+    lane.seeks(&mut seeking);
     let mut failures = 0u32;
     // Lanes beyond `concurrency` take jobs ahead of a free permit, which
     // only pays while handlers are long enough (see `Board::prefetch_rests`).
@@ -110,6 +126,7 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
             // Resting lanes do not wait for wake-ups: they would take them
             // from the lanes that work. A wake-up this lane took goes to a
             // lane that works.
+            seeking.set(false);
             if std::mem::take(&mut woken) {
                 board.wake(1);
             }
@@ -120,6 +137,8 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
             continue;
         }
         let Some(pooled) = connection(&lanes).await else {
+            // No connection: it could not start a job now.
+            seeking.set(false);
             continue;
         };
         let mut conn = JobConn::new(pooled);
@@ -145,7 +164,15 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
                     .await
                     .map(|()| Step::Wait)
             } else {
-                pick_and_run(&lanes, &mut conn, &mut lane, &mut pending, &mut waiter).await
+                pick_and_run(
+                    &lanes,
+                    &mut conn,
+                    &mut lane,
+                    &mut seeking,
+                    &mut pending,
+                    &mut waiter,
+                )
+                .await
             };
             match step {
                 Ok(Step::Again) => {
@@ -162,6 +189,7 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
                 }
                 Err(ConnectionLost(err)) => {
                     board.note_locked(index, []);
+                    seeking.set(false);
                     failures += 1;
                     tracing::warn!(error = %err, lane = index, "pgfifo lane: database connection failed; retrying");
                     conn.abandon().await;
@@ -185,6 +213,7 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
         }
         let notified = waiter.unwrap_or_else(|| register(&lanes));
         let poll = jittered(lanes.settings.poll_interval);
+        lane.seeks(&mut seeking);
         board.idle.fetch_add(1, Ordering::SeqCst);
         woken = tokio::select! {
             () = notified => true,
@@ -235,16 +264,18 @@ async fn connection(lanes: &Lanes) -> Option<crate::db::PooledConnection> {
     }
 }
 
-/// Picks jobs and runs them.
-async fn pick_and_run<'l>(
-    lanes: &'l Lanes,
+/// Opens the next job transaction (committing `pending`, and ending the
+/// current one if `end_first`) and picks up to `limit` jobs in it, in one
+/// round trip.
+async fn pick(
+    lanes: &Lanes,
     conn: &mut JobConn,
-    lane: &mut Lane,
+    lane: &Lane,
     pending: &mut Pending,
-    waiter: &mut Option<Waiter<'l>>,
-) -> Result<Step, ConnectionLost> {
+    limit: i32,
+    end_first: bool,
+) -> Result<diesel::QueryResult<Picked>, ConnectionLost> {
     let board = &*lanes.board;
-    let limit = lane.batching.limit(board.groups_scarce());
     let locked_elsewhere = board.locked_elsewhere(lane.index);
     let request = PickRequest {
         queues: &lanes.queues,
@@ -255,7 +286,8 @@ async fn pick_and_run<'l>(
         held_elsewhere: &locked_elsewhere,
         start_at_once: board.permits.available_permits() > 0,
     };
-    let (opened, picked) = conn.open_and_pick(!pending.is_empty(), &request).await;
+    let commit_first = end_first || !pending.is_empty();
+    let (opened, picked) = conn.open_and_pick(commit_first, &request).await;
     if let Err(err) = opened {
         return Err(if pending.is_empty() {
             err.into()
@@ -264,6 +296,48 @@ async fn pick_and_run<'l>(
         });
     }
     pending.committed(lanes);
+    Ok(picked)
+}
+
+/// Picks jobs and runs them.
+async fn pick_and_run<'l>(
+    lanes: &'l Lanes,
+    conn: &mut JobConn,
+    lane: &mut Lane,
+    seeking: &mut Seeking<'_>,
+    pending: &mut Pending,
+    waiter: &mut Option<Waiter<'l>>,
+) -> Result<Step, ConnectionLost> {
+    let board = &*lanes.board;
+    let spread = board.others_seek(seeking.now());
+    let limit = lane.batching.limit(spread);
+    let mut picked = pick(lanes, conn, lane, pending, limit, false).await?;
+    let mut handed_back = false;
+    // A pick of several jobs that took every ready job it could see (no
+    // `more`), by a lane with no work of its own to come, may leave other
+    // slots, of this runner or another, without work while its jobs wait
+    // behind one another; and the first of them may turn out slow, whatever
+    // recent run times said. So its jobs are handed back (the transaction
+    // ends: no attempt was recorded, no handler started) but one, picked
+    // again, and lanes are woken for the rest. While a backlog lasts, picks
+    // leave work for the other lanes, or the lane's groups have next jobs,
+    // and batches stay whole.
+    if let Ok(Picked::Jobs { jobs, more: false }) = &picked {
+        if jobs.len() > 1 && !lane.own_work {
+            let others = jobs.len() - 1;
+            tracing::debug!(
+                target: "pgfifo::lanes::spread",
+                lane = lane.index,
+                picked = jobs.len(),
+                "a pick took every ready job: keeping one, the rest go to other lanes"
+            );
+            lane.batching.picked(limit, jobs.len());
+            board.note_locked(lane.index, []);
+            picked = pick(lanes, conn, lane, pending, 1, true).await?;
+            handed_back = true;
+            board.wake(others);
+        }
+    }
     // The jobs this lane has locked now: those picked, or none (anything it
     // had locked before committed with the pick).
     match &picked {
@@ -272,16 +346,21 @@ async fn pick_and_run<'l>(
     }
     let (jobs, more) = match picked {
         Ok(Picked::Jobs { jobs, more }) => {
-            lane.batching.picked(limit, jobs.len());
+            if !handed_back {
+                lane.batching.picked(limit, jobs.len());
+            }
+            seeking.set(false);
             // Not waiting while running these: a wake-up this lane got
             // passes on to the next waiting lane. A full pick of several
             // jobs means there may be more work: wake an idle lane (which
             // wakes the next if its pick is full too). A pick of one job is
             // always full, and at a few hundred jobs a second that woke a
             // lane for nothing after most jobs; new groups wake lanes
-            // through the listener, one per group.
+            // through the listener, one per group. A pick kept to one job
+            // for the seeking lanes wakes one of them if work is left.
             *waiter = None;
-            if limit > 1 && jobs.len() >= limit as usize {
+            let full = !handed_back && limit > 1 && jobs.len() >= limit as usize;
+            if full || (spread && more) {
                 board.wake(1);
             }
             if let Some(slot) = jobs.iter().rev().find_map(|job| job.sweep_slot) {
@@ -300,6 +379,7 @@ async fn pick_and_run<'l>(
             return Ok(Step::Again);
         }
         Ok(Picked::Nothing) => {
+            lane.seeks(seeking);
             // Commit, not roll back: an empty pick may have repaired a stale
             // group head (see pgfifo.pick), and a read-only commit is free.
             conn.commit().await?;
@@ -329,8 +409,13 @@ async fn pick_and_run<'l>(
     // registered while it runs the jobs): those that no waiting lane could
     // take are counted instead (see `Board::wake`).
     let missed = board.missed.load(Ordering::SeqCst);
-    let Finished { done, again, soon } =
-        run_batch(lanes, conn, jobs, lane.index, &mut lane.batching).await?;
+    let Finished {
+        done,
+        again,
+        continues,
+        soon,
+    } = run_batch(lanes, conn, jobs, lane.index, &mut lane.batching).await?;
+    lane.own_work = continues;
     pending.done = done;
     pending.soon = soon;
     if conn.must_retire() {

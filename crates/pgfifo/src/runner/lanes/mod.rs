@@ -43,6 +43,17 @@
 //! says a group's next job is ready now, or jobs were handed back. Otherwise
 //! it commits and waits: at low rates most picks would find nothing.
 //!
+//! # Seeking lanes
+//!
+//! A lane **seeks** from when it waits for work, or a pick finds none, until
+//! a pick finds some. While another lane seeks and a permit is free, a
+//! pick takes one job (`batching.rs`): the jobs a batch holds while its
+//! first handler runs could run at once in the seeking lanes, and recent
+//! run times cannot tell that the next job is slow. A lane that seeks also
+//! forgets how many jobs its last picks found, so the first pick of a
+//! burst asks for as many as a batch may hold and shows whether it took
+//! every ready job; `lane.rs` then keeps one.
+//!
 //! # Locked jobs
 //!
 //! Each lane notes on the board the jobs it has locked (picked, outcomes not
@@ -97,6 +108,9 @@ pub(crate) struct Board {
     wake: Notify,
     /// Lanes waiting for a wake-up or the poll.
     idle: AtomicUsize,
+    /// Lanes that look for work: they wait, or have not found any since
+    /// (see [`Seeking`]).
+    seeking: AtomicUsize,
     /// Wake-ups that no waiting lane could take, and every `wake_all`.
     missed: AtomicU64,
     /// Per lane, the jobs it has locked (see the module documentation).
@@ -118,6 +132,7 @@ impl Board {
             permits: Semaphore::new(concurrency),
             wake: Notify::new(),
             idle: AtomicUsize::new(0),
+            seeking: AtomicUsize::new(0),
             missed: AtomicU64::new(0),
             locked: (0..concurrency + prefetch)
                 .map(|_| Mutex::new(Vec::new()))
@@ -197,13 +212,16 @@ impl Board {
         self.handler_us.load(Ordering::Relaxed) < PREFETCH_BELOW.as_micros() as u64
     }
 
-    /// Whether a lane should keep its next batch short: permits are free and
-    /// some lane found nothing to do, so free groups are scarce, and jobs
-    /// one lane ran one after another could have run side by side in the
-    /// idle lanes. While every lane has work (a backlog over many groups),
-    /// a short batch would only spend the server's time on transactions.
-    fn groups_scarce(&self) -> bool {
-        self.permits.available_permits() > 0 && self.idle.load(Ordering::Relaxed) > 0
+    /// Whether another lane than the caller (`seeking`: whether the caller
+    /// counts itself among the seeking ones) looks for work while a slot is
+    /// free: then a pick takes one job, and the seeking lanes take the rest
+    /// side by side. Jobs one lane would run one after another, after one
+    /// that turns out slow, could run at once in the other lanes, whatever
+    /// recent run times said. While every lane has work (a backlog over many
+    /// groups), no lane seeks, and batches fill the window.
+    fn others_seek(&self, seeking: bool) -> bool {
+        self.permits.available_permits() > 0
+            && self.seeking.load(Ordering::SeqCst) > usize::from(seeking)
     }
 
     /// Notes the jobs lane `lane` has locked now (none: its last outcomes
@@ -223,6 +241,44 @@ impl Board {
             }
         }
         all
+    }
+}
+
+/// Whether one lane counts among the board's seeking lanes: from when it
+/// waits for work (or finds none) until a pick finds some. A lane that
+/// rests, or has lost its connection, does not seek: it could not start a
+/// job now.
+pub(crate) struct Seeking<'b> {
+    board: &'b Board,
+    now: bool,
+}
+
+impl<'b> Seeking<'b> {
+    pub(crate) fn new(board: &'b Board) -> Self {
+        Seeking { board, now: false }
+    }
+
+    /// Whether the lane seeks now.
+    pub(crate) fn now(&self) -> bool {
+        self.now
+    }
+
+    /// Notes whether the lane seeks now.
+    pub(crate) fn set(&mut self, seeking: bool) {
+        if seeking != self.now {
+            self.now = seeking;
+            if seeking {
+                self.board.seeking.fetch_add(1, Ordering::SeqCst);
+            } else {
+                self.board.seeking.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl Drop for Seeking<'_> {
+    fn drop(&mut self) {
+        self.set(false);
     }
 }
 
