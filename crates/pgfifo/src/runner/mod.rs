@@ -256,6 +256,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             poll_interval: config.poll_interval,
             default_timeout: config.default_timeout,
             max_backoff: config.max_backoff,
+            long_transaction_warning: config.long_transaction_warning,
         },
         idle_bounds: idle_bounds(registry, &config),
         bookkeeper,

@@ -14,6 +14,7 @@ use crate::context::JobContext;
 use crate::db::runner::PickedJob;
 use crate::registry::Registration;
 use crate::runner::events::JobOutcome;
+use crate::runner::metrics::Run;
 use crate::runner::outcome::{event, Backoff, Done};
 use crate::JobError;
 
@@ -77,7 +78,16 @@ pub(super) async fn run_attempt(
         .timeout
         .unwrap_or(lanes.settings.default_timeout);
     let handler_started = Instant::now();
-    let (ended, used_conn) = run_handler(lanes, conn, &job, attempt, registration, timeout).await;
+    let (ended, used_conn) = run_handler(
+        lanes,
+        conn,
+        &job,
+        attempt,
+        registration,
+        timeout,
+        run.as_ref(),
+    )
+    .await;
     if let Some(run) = run.as_mut() {
         run.handler_finished();
     }
@@ -161,7 +171,8 @@ pub(super) async fn run_attempt(
 }
 
 /// Runs the handler with its timeout, catching panics, until done or aborted.
-/// Also says whether the handler took the job's connection.
+/// Also says whether the handler took the job's connection. Warns once if
+/// the job's transaction stays open past the runner's warning age.
 async fn run_handler(
     lanes: &Lanes,
     conn: &mut JobConn,
@@ -169,6 +180,7 @@ async fn run_handler(
     attempt: i32,
     registration: &Registration,
     timeout: Duration,
+    run: Option<&Run>,
 ) -> (Ended, bool) {
     let mut ctx = JobContext {
         id: job.id,
@@ -181,19 +193,51 @@ async fn run_handler(
         result: None,
     };
     let ended = {
-        let run = AssertUnwindSafe((registration.run)(&job.payload, &mut ctx)).catch_unwind();
-        tokio::select! {
-            ran = tokio::time::timeout(timeout, run) => match ran {
-                Ok(Ok(Ok(()))) => None,
-                Ok(Ok(Err(err))) => Some(Ended::Failed(err)),
-                Ok(Err(panic)) => Some(Ended::Panicked(panic_message(&*panic))),
-                Err(_) => Some(Ended::TimedOut(timeout)),
-            },
-            () = lanes.abort.cancelled() => Some(Ended::Aborted),
+        let run_fut = AssertUnwindSafe((registration.run)(&job.payload, &mut ctx)).catch_unwind();
+        let ran = tokio::time::timeout(timeout, run_fut);
+        tokio::pin!(ran);
+        let mut warn_at = lanes.settings.long_transaction_warning;
+        loop {
+            let warn = async {
+                match warn_at {
+                    Some(age) => tokio::time::sleep(age).await,
+                    None => std::future::pending().await,
+                }
+            };
+            break tokio::select! {
+                ran = &mut ran => match ran {
+                    Ok(Ok(Ok(()))) => None,
+                    Ok(Ok(Err(err))) => Some(Ended::Failed(err)),
+                    Ok(Err(panic)) => Some(Ended::Panicked(panic_message(&*panic))),
+                    Err(_) => Some(Ended::TimedOut(timeout)),
+                },
+                () = lanes.abort.cancelled() => Some(Ended::Aborted),
+                () = warn => {
+                    warn_long_transaction(job, warn_at.take().unwrap_or_default(), run);
+                    continue;
+                }
+            };
         }
     };
     let ended = ended.unwrap_or_else(|| Ended::Returned(ctx.result.take()));
     (ended, ctx.used_conn)
+}
+
+/// The default mode's guard: a job whose transaction has been open for
+/// `age` holds back VACUUM's horizon for the whole server. Said once per
+/// run, in the job's span.
+fn warn_long_transaction(job: &PickedJob, age: Duration, run: Option<&Run>) {
+    tracing::warn!(
+        kind = %job.kind,
+        age = ?age,
+        "job of type {:?} has held its transaction open for over {age:?}, which holds back \
+         VACUUM for the whole database server; keep its handlers short or split \
+         the work into steps",
+        job.kind
+    );
+    if let Some(run) = run {
+        run.long_transaction();
+    }
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

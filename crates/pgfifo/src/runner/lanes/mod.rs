@@ -234,6 +234,7 @@ pub(crate) struct LaneSettings {
     pub poll_interval: Duration,
     pub default_timeout: Duration,
     pub max_backoff: Duration,
+    pub long_transaction_warning: Option<Duration>,
 }
 
 /// Everything the lanes run jobs with, shared by all of them.
