@@ -30,6 +30,7 @@ mod group_concurrency;
 mod group_controls;
 mod group_weights;
 mod handler_misuse;
+mod long_mode;
 mod retries;
 mod schedules;
 mod stored_bad_input;

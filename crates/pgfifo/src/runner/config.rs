@@ -69,11 +69,24 @@ pub struct RunnerConfig {
     /// runs inside its transaction, and an open transaction holds back
     /// VACUUM's horizon for the whole database server. Past this age the
     /// runner logs one warning for the run (tracing, level `WARN`, naming
-    /// the job type) and counts it in
-    /// [`LONG_TRANSACTIONS`](crate::runner::metrics::LONG_TRANSACTIONS).
+    /// the job type and suggesting long mode, `#[job(long)]`) and counts it
+    /// in [`LONG_TRANSACTIONS`](crate::runner::metrics::LONG_TRANSACTIONS).
     /// The age is counted from the handler's start (its transaction began
-    /// at most a batch window earlier).
+    /// at most a batch window earlier). Jobs in long mode
+    /// ([`Job::LONG`](crate::Job::LONG)) hold no transaction and are never
+    /// warned about.
     pub long_transaction_warning: Option<Duration>,
+    /// How long a job in long mode ([`Job::LONG`](crate::Job::LONG)) holds
+    /// its group without a sign of life from its runner (default 30 s).
+    /// While the handler runs, the runner renews the lease every third of
+    /// this. A runner that froze (SIGSTOP, a stalled VM) keeps its
+    /// connection, and so its group, until the lease has passed: the next
+    /// pick that meets the group then ends the frozen runner's database
+    /// session (`pg_terminate_backend`; the runner's role needs the right,
+    /// as for any backend of the same role, or `pg_signal_backend`) and the
+    /// job runs again. A crash or a lost connection frees the group at once,
+    /// whatever this is.
+    pub long_lease: Duration,
     /// The runner's name: recorded with each attempt and as its row in
     /// `pgfifo.runner`. Must be unique among live runners (default
     /// `hostname:pid:xxxx`, with 4 random hex digits).
@@ -173,6 +186,7 @@ impl Default for RunnerConfig {
             shutdown_timeout: Duration::from_secs(30),
             idle_grace: Duration::from_secs(30),
             long_transaction_warning: Some(Duration::from_secs(60)),
+            long_lease: Duration::from_secs(30),
             name: default_name(),
             heartbeat_interval: Duration::from_secs(5),
             metrics_interval: Some(Duration::from_secs(15)),
@@ -243,6 +257,13 @@ impl RunnerConfig {
     /// see [`RunnerConfig::long_transaction_warning`]).
     pub fn long_transaction_warning(mut self, age: impl Into<Option<Duration>>) -> Self {
         self.long_transaction_warning = age.into();
+        self
+    }
+
+    /// How long a long job holds its group without a sign of life (see
+    /// [`RunnerConfig::long_lease`]).
+    pub fn long_lease(mut self, lease: Duration) -> Self {
+        self.long_lease = lease;
         self
     }
 
@@ -349,6 +370,9 @@ impl RunnerConfig {
         if self.long_transaction_warning.is_some_and(|a| a.is_zero()) {
             return invalid("long_transaction_warning must be longer than zero (or None)");
         }
+        if self.long_lease < Duration::from_millis(300) {
+            return invalid("long_lease must be at least 300 ms");
+        }
         if self.name.is_empty() {
             return invalid("name must not be empty");
         }
@@ -429,6 +453,7 @@ mod tests {
             RunnerConfig::default().metrics_interval(Duration::ZERO),
             RunnerConfig::default().name(""),
             RunnerConfig::default().long_transaction_warning(Duration::ZERO),
+            RunnerConfig::default().long_lease(Duration::from_millis(10)),
             RunnerConfig::default().max_batch(0),
             RunnerConfig::default().batch_window(Duration::from_secs(30)),
             RunnerConfig::default().retention(Retention::default().batch_size(0)),

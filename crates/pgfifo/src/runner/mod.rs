@@ -257,6 +257,8 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             default_timeout: config.default_timeout,
             max_backoff: config.max_backoff,
             long_transaction_warning: config.long_transaction_warning,
+            long_lease: config.long_lease,
+            runner: config.name.clone(),
         },
         idle_bounds: idle_bounds(registry, &config),
         bookkeeper,

@@ -27,7 +27,7 @@ pub(super) struct Decided {
 }
 
 /// How a handler's run ended.
-enum Ended {
+pub(super) enum Ended {
     /// It returned `Ok`, with the result it stored.
     Returned(Option<serde_json::Value>),
     /// It returned an error, or its payload did not deserialize.
@@ -85,7 +85,10 @@ pub(super) async fn run_attempt(
         attempt,
         registration,
         timeout,
-        run.as_ref(),
+        Guard {
+            warn_after: lanes.settings.long_transaction_warning,
+            run: run.as_ref(),
+        },
     )
     .await;
     if let Some(run) = run.as_mut() {
@@ -170,17 +173,24 @@ pub(super) async fn run_attempt(
     }))
 }
 
+/// The default mode's guard against long transactions: warn once after
+/// `warn_after`, counting it in `run`'s metrics.
+pub(super) struct Guard<'r> {
+    pub(super) warn_after: Option<Duration>,
+    pub(super) run: Option<&'r Run>,
+}
+
 /// Runs the handler with its timeout, catching panics, until done or aborted.
 /// Also says whether the handler took the job's connection. Warns once if
-/// the job's transaction stays open past the runner's warning age.
-async fn run_handler(
+/// the job's transaction stays open past the guard's age.
+pub(super) async fn run_handler(
     lanes: &Lanes,
     conn: &mut JobConn,
     job: &PickedJob,
     attempt: i32,
     registration: &Registration,
     timeout: Duration,
-    run: Option<&Run>,
+    guard: Guard<'_>,
 ) -> (Ended, bool) {
     let mut ctx = JobContext {
         id: job.id,
@@ -196,7 +206,7 @@ async fn run_handler(
         let run_fut = AssertUnwindSafe((registration.run)(&job.payload, &mut ctx)).catch_unwind();
         let ran = tokio::time::timeout(timeout, run_fut);
         tokio::pin!(ran);
-        let mut warn_at = lanes.settings.long_transaction_warning;
+        let mut warn_at = guard.warn_after;
         loop {
             let warn = async {
                 match warn_at {
@@ -213,7 +223,7 @@ async fn run_handler(
                 },
                 () = lanes.abort.cancelled() => Some(Ended::Aborted),
                 () = warn => {
-                    warn_long_transaction(job, warn_at.take().unwrap_or_default(), run);
+                    warn_long_transaction(job, warn_at.take().unwrap_or_default(), guard.run);
                     continue;
                 }
             };
@@ -231,8 +241,9 @@ fn warn_long_transaction(job: &PickedJob, age: Duration, run: Option<&Run>) {
         kind = %job.kind,
         age = ?age,
         "job of type {:?} has held its transaction open for over {age:?}, which holds back \
-         VACUUM for the whole database server; keep its handlers short or split \
-         the work into steps",
+         VACUUM for the whole database server; if it runs this long normally, mark \
+         the type #[job(long)] (it then runs without an open transaction; see \
+         docs/failure-model.md), otherwise shorten it or split the work into steps",
         job.kind
     );
     if let Some(run) = run {
