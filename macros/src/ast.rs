@@ -76,6 +76,11 @@ impl<'a> Input<'a> {
             .map_or(DEFAULT_BACKOFF_MILLIS, |backoff| backoff.value.0)
     }
 
+    /// Whether the type runs in long mode (`#[job(long)]`).
+    pub(crate) fn long(&self) -> bool {
+        self.attrs.long.as_ref().is_some_and(|long| long.value)
+    }
+
     /// The default priority.
     pub(crate) fn priority(&self) -> i16 {
         self.attrs
@@ -104,5 +109,6 @@ mod tests {
         assert_eq!(job.timeout_millis(), None);
         assert_eq!(job.backoff_millis(), 1_000);
         assert_eq!(job.priority(), 0);
+        assert!(!job.long());
     }
 }

@@ -25,6 +25,7 @@ const KEYS: &[&str] = &[
     "timeout",
     "backoff",
     "priority",
+    "long",
 ];
 
 /// A setting's value together with the span of the tokens it was written
@@ -54,6 +55,8 @@ pub(crate) struct Attrs {
     pub(crate) backoff: Option<Attr<Millis>>,
     /// `priority = N`, negative allowed.
     pub(crate) priority: Option<Attr<i16>>,
+    /// `long`: a flag, no value (the type runs in long mode).
+    pub(crate) long: Option<Attr<bool>>,
 }
 
 /// Parses every `#[job(...)]` among `attrs`, recording each problem in `cx`
@@ -113,6 +116,10 @@ impl Parser<'_> {
             return skip_value(&meta);
         };
 
+        if key == "long" {
+            return self.flag(&meta, key);
+        }
+
         let Some(value) = self.value(&meta, key)? else {
             return Ok(());
         };
@@ -149,6 +156,30 @@ impl Parser<'_> {
     /// The value after `key =`, parsed as an expression so that anything
     /// written there is consumed whatever its type. `None` (with an error
     /// recorded) if the key has no `=`.
+    /// Parses a flag such as `long`, which takes no value.
+    fn flag(&mut self, meta: &ParseNestedMeta<'_>, key: &'static str) -> syn::Result<()> {
+        if meta.input.peek(Token![=]) || meta.input.peek(syn::token::Paren) {
+            self.cx.error_spanned_by(
+                &meta.path,
+                format!("`{key}` takes no value: write `#[job({key})]`"),
+            );
+            return skip_value(meta);
+        }
+        if self.seen.contains(&key) {
+            self.cx.error_spanned_by(
+                &meta.path,
+                format!("duplicate job attribute `{key}`: it is already set earlier"),
+            );
+            return Ok(());
+        }
+        self.seen.push(key);
+        self.attrs.long = Some(Attr {
+            value: true,
+            span: meta.path.span(),
+        });
+        Ok(())
+    }
+
     fn value(&self, meta: &ParseNestedMeta<'_>, key: &str) -> syn::Result<Option<Expr>> {
         if meta.input.peek(Token![=]) {
             return meta.value()?.parse().map(Some);
@@ -180,6 +211,7 @@ fn example(key: &str) -> &'static str {
         "kind" => "kind = \"charge_invoice\"",
         "max_attempts" => "max_attempts = 5",
         "timeout" => "timeout = \"30s\"",
+        "long" => "long",
         "backoff" => "backoff = \"500ms\"",
         _ => "priority = -2",
     }
@@ -371,7 +403,7 @@ mod tests {
             errors,
             [
                 "unknown job attribute `queu`; expected one of `queue`, `kind`, \
-                 `max_attempts`, `timeout`, `backoff`, `priority`",
+                 `max_attempts`, `timeout`, `backoff`, `priority`, `long`",
                 "expected an integer literal for `max_attempts`, as in `max_attempts = 5`",
                 "invalid duration \"10 parsecs\" for `timeout`: expected an integer followed \
                  by a unit among `ms`, `s`, `m` and `h`, such as \"500ms\", \"30s\", \"5m\" \
@@ -381,9 +413,9 @@ mod tests {
                 "expected a value for `kind`, as in `kind = \"charge_invoice\"`",
                 "expected a string literal for `backoff`, as in `backoff = \"500ms\"`",
                 "unknown job attribute `foo`; expected one of `queue`, `kind`, \
-                 `max_attempts`, `timeout`, `backoff`, `priority`",
+                 `max_attempts`, `timeout`, `backoff`, `priority`, `long`",
                 "unknown job attribute `serde::x`; expected one of `queue`, `kind`, \
-                 `max_attempts`, `timeout`, `backoff`, `priority`",
+                 `max_attempts`, `timeout`, `backoff`, `priority`, `long`",
             ]
         );
         // The valid settings are kept, the first of a duplicate wins.

@@ -51,6 +51,7 @@ fn expand(job: &Input<'_>) -> TokenStream {
     };
     let backoff = Literal::u64_unsuffixed(job.backoff_millis());
     let priority = Literal::i16_unsuffixed(job.priority());
+    let long = job.long();
 
     let impl_header = quote_spanned! {span=>
         #[automatically_derived]
@@ -70,6 +71,7 @@ fn expand(job: &Input<'_>) -> TokenStream {
                 const BACKOFF: ::core::time::Duration =
                     ::core::time::Duration::from_millis(#backoff);
                 const PRIORITY: i16 = #priority;
+                const LONG: bool = #long;
             }
 
             ::pgfifo::__private::inventory::submit! {

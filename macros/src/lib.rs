@@ -47,6 +47,17 @@ use proc_macro::TokenStream;
 /// | `timeout`      | duration string, e.g. `"30s"`      | the runner's        |
 /// | `backoff`      | duration string, e.g. `"500ms"`    | `"1s"`              |
 /// | `priority`     | integer in `i16`, may be negative  | `0`                 |
+/// | `long`         | a flag, no value                   | off                 |
+///
+/// `long` runs the type's jobs in **long mode**, for work that runs for
+/// minutes or hours (reports, exports, video): the job holds its group
+/// without an open database transaction, so it never holds back VACUUM.
+/// **What it gives up:** `ctx.conn()` is then a plain connection in
+/// autocommit, and what the handler writes through it commits as it goes,
+/// not atomically with the job's success. A crash mid-run keeps the writes
+/// made so far and runs the job again: make its writes idempotent (upserts
+/// keyed by the job id, or a row that records each finished step). See
+/// [`pgfifo::Job::LONG`] and `docs/failure-model.md`.
 ///
 /// A duration is an integer followed by one unit among `ms`, `s`, `m` and `h`,
 /// with nothing in between (`"250ms"`, `"30s"`, `"5m"`, `"1h"`); it must not

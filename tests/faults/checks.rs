@@ -10,6 +10,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use pgfifo_tests::faults::private_pg::PrivatePg;
 use pgfifo_tests::faults::runs::{self, Cut, Line, Mode};
 
+use crate::long_runs::{self, LongFound};
 use crate::monitor::{AttemptCount, AttemptRow, JobRow, LogRow};
 use crate::plan::reason_fits;
 use crate::processes::Cause;
@@ -39,6 +40,8 @@ pub(crate) struct Found {
     pub(crate) frozen_release: Duration,
     /// The groups of N > 1: their starts and peaks.
     pub(crate) wide: WideFound,
+    /// The long-mode jobs.
+    pub(crate) long: LongFound,
 }
 
 /// The database's final state.
@@ -101,6 +104,7 @@ pub(crate) async fn check(suite: &mut Suite, pg: &PrivatePg, url: &str, began: I
         })
         .count();
     let interrupted = intervals.iter().filter(|i| i.cut == Cut::Died).count();
+    let long = long_runs::check(suite, &intervals, &lines);
     print_release_times(suite, pg, &intervals);
     let poison_aborts = suite
         .fleet
@@ -146,6 +150,7 @@ pub(crate) async fn check(suite: &mut Suite, pg: &PrivatePg, url: &str, began: I
         groups_used,
         frozen_release,
         wide,
+        long,
     }
 }
 

@@ -32,6 +32,95 @@ impl Handler for FaultJob {
     }
 }
 
+/// Mirror of `fault-worker`'s `faults.long`: `faults.job` in long mode.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    kind = "faults.long",
+    queue = "faults",
+    long,
+    max_attempts = 25,
+    timeout = "4s",
+    backoff = "100ms"
+)]
+pub(crate) struct LongFaultJob {
+    pub(crate) grp: u32,
+    pub(crate) seq: u32,
+    pub(crate) mode: Mode,
+    pub(crate) work_ms: u32,
+}
+
+#[async_trait]
+impl Handler for LongFaultJob {
+    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        Err(JobError::permanent("faults.long runs in fault-worker only"))
+    }
+}
+
+/// Mirror of `fault-worker`'s `faults.freeze_long`: the freeze job in long
+/// mode. Its timeout is shorter than two thirds of [`LONG_LEASE`], the
+/// earliest its group can be taken over: the run checks bound a run without
+/// an end by its timeout (a frozen run's handler does not run meanwhile),
+/// and after SIGCONT the frozen run times out and its outcome, written
+/// through another connection, is refused by the claim's token.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    kind = "faults.freeze_long",
+    queue = "freeze_long",
+    long,
+    max_attempts = 10,
+    timeout = "1s",
+    backoff = "100ms"
+)]
+pub(crate) struct LongFreezeJob {
+    pub(crate) grp: u32,
+    pub(crate) seq: u32,
+    pub(crate) freeze: bool,
+    pub(crate) work_ms: u32,
+}
+
+#[async_trait]
+impl Handler for LongFreezeJob {
+    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        Err(JobError::permanent(
+            "faults.freeze_long runs in fault-worker only",
+        ))
+    }
+}
+
+/// `faults.freeze_long`'s timeout.
+pub(crate) const LONG_FREEZE_TIMEOUT: Duration = Duration::from_secs(1);
+/// `RunnerConfig::long_lease` of the freeze scenarios' processes: a frozen long-mode run's
+/// group is taken over within this plus two poll intervals (100 ms each).
+pub(crate) const LONG_LEASE: Duration = Duration::from_millis(1500);
+/// Group numbers of the long-mode freeze scenario's groups start here.
+pub(crate) const FREEZE_LONG_GRP: u32 = 3_000_000;
+
+/// One group in this many of the `faults` queue (those of N = 1) runs its
+/// jobs in long mode (`faults.long`).
+pub(crate) const LONG_EVERY: u32 = 4;
+
+/// A long-mode run's log row waits in `fault_long_stage` (its handler's
+/// writes commit at once) until the transaction that writes the job's
+/// success copies it to `fault_log`: so `fault_log` holds exactly the
+/// committed runs in both modes, and a second completion of a long job
+/// would show as a second row. (The newest row of the attempt: a number
+/// can be given twice after a server crash.)
+pub(crate) const FAULT_LONG: &str = "
+CREATE TABLE fault_long_stage (LIKE fault_log INCLUDING DEFAULTS);
+CREATE FUNCTION fault_long_done() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.fault_log (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns, picked_ns)
+    SELECT s.job_id, s.attempt, s.queue, s.grp, s.seq, s.pid, s.start_ns, s.end_ns, s.picked_ns
+    FROM public.fault_long_stage AS s
+    WHERE s.job_id = NEW.id AND s.attempt = NEW.attempts
+    ORDER BY s.logged_at DESC LIMIT 1;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fault_long_done AFTER UPDATE OF state ON pgfifo.job
+    FOR EACH ROW WHEN (NEW.kind IN ('faults.long', 'faults.freeze_long')
+                       AND NEW.state = 'succeeded')
+    EXECUTE FUNCTION fault_long_done();";
+
 /// Mirror of `fault-worker`'s freeze job.
 #[derive(Job, Serialize, Deserialize, Debug)]
 #[job(

@@ -16,6 +16,12 @@
 //! 4. runs a poison job that aborts its process on every attempt;
 //! 5. runs handlers that hang past their timeout and handlers that panic.
 //!
+//! One group in four of N = 1 runs its jobs in long mode (`#[job(long)]`,
+//! `faults.long`): held without an open transaction, through every fault
+//! above; the suite also reports how soon a long job killed mid-handler
+//! started again (`long_runs.rs`), and freezes a worker mid-long-job
+//! (`freeze_long.rs`: its group is taken over once its lease passes).
+//!
 //! It then checks every job: succeeded exactly once, or failed with its
 //! reason; none lost; never more runs of a group at once than its N (no
 //! overlap at all for the others); every group in order (N = 1: each run
@@ -45,7 +51,9 @@
 // The suite's parts.
 mod checks;
 mod freeze;
+mod freeze_long;
 mod jobs;
+mod long_runs;
 mod monitor;
 mod plan;
 mod prefetch_cut;

@@ -9,7 +9,7 @@ use pgfifo_tests::faults::rng::Rng;
 use pgfifo_tests::faults::runs::Mode;
 use pgfifo_tests::records::now_ns;
 
-use crate::jobs::FaultJob;
+use crate::jobs::{FaultJob, LONG_EVERY};
 
 // --- The plan ---------------------------------------------------------------
 
@@ -139,6 +139,12 @@ pub(crate) fn wide_groups(plan: &Plan) -> BTreeMap<u32, u32> {
         .enumerate()
         .map(|(i, grp)| (grp, 2 + (i % 2) as u32))
         .collect()
+}
+
+/// Whether group `grp` of the `faults` queue runs its jobs in long mode
+/// (`faults.long`): one in [`LONG_EVERY`] of the groups of N = 1.
+pub(crate) fn is_long_group(grp: u32, wide: &BTreeMap<u32, u32>) -> bool {
+    grp % LONG_EVERY == 1 && !wide.contains_key(&grp)
 }
 
 /// The group name of group `grp` of the `faults` queue.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use pgfifo_tests::faults::runs::{self, Line};
 use pgfifo_tests::records::now_ns;
 
-use crate::jobs::{APP_PREFIX, FREEZER_GRACE, WORKER_GRACE};
+use crate::jobs::{APP_PREFIX, FREEZER_GRACE, LONG_LEASE, WORKER_GRACE};
 
 // --- Worker processes -------------------------------------------------------
 
@@ -94,8 +94,8 @@ impl Fleet {
         self.counter += 1;
         let (kind, queues, grace) = match role {
             Role::Worker => ("w", "faults", WORKER_GRACE),
-            Role::Freezer => ("freezer", "freeze", FREEZER_GRACE),
-            Role::Rescuer => ("rescuer", "freeze", FREEZER_GRACE),
+            Role::Freezer => ("freezer", "freeze,freeze_long", FREEZER_GRACE),
+            Role::Rescuer => ("rescuer", "freeze,freeze_long", FREEZER_GRACE),
             Role::Prefetcher => ("pf", "prefetch", WORKER_GRACE),
         };
         let app = format!("{APP_PREFIX}{kind}{}", self.counter);
@@ -109,6 +109,11 @@ impl Fleet {
             .env("QUEUES", queues)
             .env("CONCURRENCY", concurrency.to_string())
             .env("IDLE_GRACE_MS", grace.as_millis().to_string())
+            // The freeze scenarios' processes: a short lease for long jobs.
+            .envs(
+                matches!(role, Role::Freezer | Role::Rescuer)
+                    .then(|| ("LONG_LEASE_MS", LONG_LEASE.as_millis().to_string())),
+            )
             .env("EXIT_WITH_STDIN", "1")
             .envs(std::env::var("FAULTS_WORKER_POOL").map(|n| ("POOL_SIZE", n)))
             // Planned panics print one line, not a backtrace each.

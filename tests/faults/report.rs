@@ -5,6 +5,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use crate::checks::Found;
+use crate::long_runs;
 use crate::plan::Plan;
 use crate::start_checks::JITTER;
 use crate::suite::Suite;
@@ -39,6 +40,7 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         groups_used,
         frozen_release,
         wide,
+        long,
     } = found;
     let Timing {
         began,
@@ -165,6 +167,28 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
     need(
         suite.seen.freezes.len() >= plan.freezes,
         "no frozen worker".to_owned(),
+    );
+    println!(
+        "faults: {} long_frozen_takeover={}",
+        long_runs::summary(&long),
+        suite
+            .seen
+            .long_freeze
+            .map_or_else(|| "none".to_owned(), |d| format!("{:.2}s", d.as_secs_f64()))
+    );
+    need(
+        plan.freezes == 0 || suite.seen.long_freeze.is_some(),
+        "no frozen long-mode worker".to_owned(),
+    );
+    show("LONG JOB NEVER RAN AGAIN AFTER A KILL", &long.never_rerun);
+    need(long.jobs > 0, "no long-mode job".to_owned());
+    need(
+        long.killed >= 1,
+        "no kill hit a long-mode handler".to_owned(),
+    );
+    need(
+        long.never_rerun.is_empty(),
+        format!("long_never_rerun={}", long.never_rerun.len()),
     );
     need(
         poison_aborts >= plan.poison,

@@ -11,7 +11,7 @@ use pgfifo_tests::faults::private_pg::{PrivatePg, StopMode};
 use pgfifo_tests::faults::rng::Rng;
 
 use crate::checks;
-use crate::jobs::{FAULT_LOG, FAULT_TRACE};
+use crate::jobs::{FAULT_LOG, FAULT_LONG, FAULT_TRACE};
 use crate::monitor::Monitor;
 use crate::plan::{self, Plan, Step};
 use crate::processes::{Fleet, Role};
@@ -92,6 +92,9 @@ async fn start_server(plan: &Plan, wide: &BTreeMap<u32, u32>) -> (PrivatePg, Pat
         conn.batch_execute(FAULT_TRACE)
             .await
             .expect("create the trace tables and triggers");
+        conn.batch_execute(FAULT_LONG)
+            .await
+            .expect("create the long-mode log trigger");
         set_limits(&mut conn, wide).await;
     }
     (pg, run_dir, url)
@@ -181,6 +184,9 @@ async fn inject_faults(
             Step::Restart(mode) => suite.restart(pg, mode).await,
             Step::Freeze => {
                 suite.freeze(freezes).await;
+                if freezes == 0 {
+                    suite.freeze_long(0).await;
+                }
                 freezes += 1;
             }
             Step::PrefetchCut => {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use pgfifo_tests::faults::runs::{self, Cut, Interval, Line, RunKey};
 use pgfifo_tests::records::now_ns;
 
-use crate::jobs::{FAULT_TIMEOUT, FREEZE_TIMEOUT};
+use crate::jobs::{FAULT_TIMEOUT, FREEZE_TIMEOUT, LONG_FREEZE_TIMEOUT};
 use crate::monitor::{AttemptRow, LogRow};
 use crate::processes::Cause;
 use crate::suite::Suite;
@@ -107,6 +107,8 @@ pub(crate) fn check_runs(
     for job in &suite.jobs {
         let timeout = if job.queue == "freeze" {
             FREEZE_TIMEOUT
+        } else if job.queue == "freeze_long" {
+            LONG_FREEZE_TIMEOUT
         } else {
             FAULT_TIMEOUT
         };

@@ -11,9 +11,9 @@ use pgfifo_tests::faults::rng::Rng;
 use pgfifo_tests::faults::runs::Mode;
 use pgfifo_tests::records::now_ns;
 
-use crate::jobs::{FaultJob, APP_PREFIX, FAULT_TIMEOUT};
+use crate::jobs::{FaultJob, LongFaultJob, APP_PREFIX, FAULT_TIMEOUT};
 use crate::monitor::{us, Monitor};
-use crate::plan::{group_name, max_attempts, Enqueued, Plan, RETRYING_IN_WIDE};
+use crate::plan::{group_name, is_long_group, max_attempts, Enqueued, Plan, RETRYING_IN_WIDE};
 use crate::processes::{in_flight_since, Fleet, Role};
 
 // --- The run ----------------------------------------------------------------
@@ -29,6 +29,8 @@ pub(crate) struct Observed {
     pub(crate) reconnect_failures: Vec<String>,
     pub(crate) recoveries: Vec<String>,
     pub(crate) freezes: Vec<FreezeReport>,
+    /// The long-mode freeze: SIGSTOP to the start of the job's other run.
+    pub(crate) long_freeze: Option<Duration>,
     pub(crate) failures: Vec<String>,
 }
 
@@ -131,15 +133,28 @@ impl Suite {
                 u64::from(self.plan.work_ms.1),
             ) as u32;
             let attempts = max_attempts(mode);
-            let job = NewJob::new(
-                &FaultJob {
-                    grp,
-                    seq,
-                    mode,
-                    work_ms,
-                },
-                EnqueueOptions::group(group_name(grp)).max_attempts(attempts),
-            )
+            let options = EnqueueOptions::group(group_name(grp)).max_attempts(attempts);
+            let job = if is_long_group(grp, &self.wide) {
+                NewJob::new(
+                    &LongFaultJob {
+                        grp,
+                        seq,
+                        mode,
+                        work_ms,
+                    },
+                    options,
+                )
+            } else {
+                NewJob::new(
+                    &FaultJob {
+                        grp,
+                        seq,
+                        mode,
+                        work_ms,
+                    },
+                    options,
+                )
+            }
             .expect("a valid job");
             out.push((
                 job,

@@ -31,6 +31,7 @@ mod group_controls;
 mod group_slots_sql;
 mod group_weights;
 mod handler_misuse;
+mod long_mode;
 mod retries;
 mod schedules;
 mod stored_bad_input;

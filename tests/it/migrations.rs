@@ -416,7 +416,8 @@ async fn down_one_and_up_again_reinstalls_the_functions_it_dropped() {
         migrate::rollback(&mut conn, 1).await.unwrap(),
         vec![migrate::latest_version()]
     );
-    let installed = "(to_regprocedure('pgfifo.group_limits(text, text)') IS NOT NULL)::int";
+    let installed =
+        "(to_regprocedure('pgfifo.long_run_free(text, text, bigint)') IS NOT NULL)::int";
     assert_eq!(scalar(&mut conn, installed).await, 0);
     let migrated = migrate::migrate_conn(&mut conn).await.unwrap();
     assert_eq!(migrated.applied, vec![migrate::latest_version()]);

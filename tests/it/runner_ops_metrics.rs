@@ -20,7 +20,7 @@ use pgfifo::admin;
 use pgfifo::runner::metrics::{
     BLOCKED_GROUPS, GROUPS_CLEANED, GROUP_LAG, JOBS_ABORTED, JOBS_CANCELLED, JOBS_FAILED,
     JOBS_PURGED, JOBS_RETRIED, JOBS_RUNNING, JOBS_STARTED, JOBS_SUCCEEDED, JOB_DURATION,
-    QUEUE_DEPTH,
+    LONG_TRANSACTIONS, QUEUE_DEPTH,
 };
 use pgfifo::{Job, Retention};
 use pgfifo_tests::eventually;
@@ -306,5 +306,37 @@ async fn retention_counts_the_jobs_and_groups_it_deletes() {
         }
     })
     .await;
+    runner.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_transaction_open_past_the_warning_age_is_counted_once_per_run() {
+    let seen = Seen::new();
+    let _local = metrics::set_default_local_recorder(&seen);
+    let fx = Fx::new().await;
+    let runner = fx
+        .start_runner(fx.config().long_transaction_warning(TICK))
+        .await;
+    let held = fx.push(Some("g"), &[Act::Hold]).await;
+    fx.gate().wait_started(1).await;
+    seen.wait(
+        "the held run's transaction to be counted as long",
+        |seen| match seen.count(LONG_TRANSACTIONS) {
+            1.0 => Ok(()),
+            other => Err(format!("{other}")),
+        },
+    )
+    .await;
+    // Once per run, however long it goes on: wait several ages more.
+    let later = tokio::time::Instant::now() + TICK * 4;
+    tokio::time::sleep_until(later).await;
+    assert_eq!(seen.count(LONG_TRANSACTIONS), 1.0);
+    fx.release(1);
+    fx.wait_job_succeeded(held[0], LIMIT).await;
+    // A short run is not counted.
+    let short = fx.push(Some("g"), &[Act::Ok]).await;
+    fx.wait_settled(&short).await;
+    seen.assert_runs(2.0, &[("succeeded", 2.0)]).await;
+    assert_eq!(seen.count(LONG_TRANSACTIONS), 1.0);
     runner.shutdown().await.unwrap();
 }

@@ -1,9 +1,17 @@
-//! `long-job`: what one long job transaction costs the short jobs around it.
+//! `long-job`: what one long job costs the short jobs around it.
 //!
 //! Two phases, each on a fresh database, with the same load: `fifo-groups`
 //! style short jobs (`BenchJob`, round-robin over `NGROUPS` groups, drained
 //! by `WORKERS` workers) — once plain, once while one job of another queue
-//! and group (`HoldJob`) keeps its transaction open.
+//! and group runs for the whole window. By default that job runs in long
+//! mode (`LongHoldJob`, `#[job(long)]`: its group is held without an open
+//! transaction); `LONG_MODE=0` runs it the old way (`HoldJob`, which keeps
+//! its transaction open, with an xid), for comparison. `ratio` is the
+//! short jobs' throughput with the long job ÷ without. While each window
+//! runs, a watcher reads `pg_stat_activity` every 100 ms and reports the
+//! longest any runner connection held a transaction id or a snapshot
+//! (`backend_xid` or `backend_xmin`, aged from its transaction's start) as
+//! `max_xid_age_s` (the benchmark's own enqueuing connection is left out).
 //!
 //! Choice of measurement: a fixed window of `HOLD` seconds, not a fixed
 //! number of jobs. `JOBS` short jobs drain in a few seconds, far less than a
@@ -26,24 +34,24 @@
 //! released, a manual `VACUUM` and the dead tuples left after it, to show
 //! which were only kept alive by the hold.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
 // (Atomics behind an Arc are read as `AtomicU64::load(&x, …)`: diesel's
 // RunQueryDsl::load would shadow `x.load(…)`.)
-use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use pgfifo::{
-    async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob, RunnerConfig,
-};
-use serde::{Deserialize, Serialize};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use pgfifo::{EnqueueOptions, Job, NewJob, RunnerConfig};
 use serde_json::{json, Value};
-use tokio::sync::Notify;
 
 use crate::common::{self, round3, BenchJob, Inputs};
 use crate::progress;
+
+mod hold;
+
+use hold::{watch_xids, HoldJob, LongHoldJob, HOLD_DONE, HOLD_RELEASE, HOLD_STARTED, HOLD_TIMES};
 
 const DATABASE: &str = "pgfifo_bench_long_job";
 /// The long job's own database with `HOLD_ELSEWHERE=1`.
@@ -54,44 +62,6 @@ const BATCH: u64 = 5_000;
 const SLICES: u32 = 10;
 /// How long the hold job may take to start.
 const START_PATIENCE: Duration = Duration::from_secs(30);
-
-static HOLD_STARTED: Notify = Notify::const_new();
-static HOLD_RELEASE: Notify = Notify::const_new();
-static HOLD_DONE: Notify = Notify::const_new();
-/// When the hold job's handler started and ended.
-static HOLD_TIMES: Mutex<(Option<Instant>, Option<Instant>)> = Mutex::new((None, None));
-
-/// The long job: keeps its transaction open until the benchmark releases it
-/// (or `max_ms` passes, a safety net).
-#[derive(Job, Serialize, Deserialize, Debug)]
-#[job(
-    kind = "bench.hold",
-    queue = "bench.hold",
-    max_attempts = 1,
-    timeout = "24h"
-)]
-pub struct HoldJob {
-    /// The longest it may hold, in ms.
-    pub max_ms: u64,
-}
-
-#[async_trait]
-impl Handler for HoldJob {
-    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        // The pick's row locks already gave the transaction an xid; make
-        // sure, whatever the pick does: an xid is what holds the horizon back.
-        ctx.conn()
-            .batch_execute("SELECT pg_current_xact_id()")
-            .await?;
-        HOLD_TIMES.lock().expect("hold times").0 = Some(Instant::now());
-        HOLD_STARTED.notify_one();
-        let _ =
-            tokio::time::timeout(Duration::from_millis(self.max_ms), HOLD_RELEASE.notified()).await;
-        HOLD_TIMES.lock().expect("hold times").1 = Some(Instant::now());
-        HOLD_DONE.notify_one();
-        Ok(())
-    }
-}
 
 #[derive(QueryableByName)]
 struct TableStats {
@@ -120,6 +90,8 @@ struct Load {
     window: Duration,
     /// Run the long job in a database of its own (`HOLD_ELSEWHERE=1`).
     elsewhere: bool,
+    /// Run the long job in long mode (`LONG_MODE`, default 1).
+    long_mode: bool,
 }
 
 pub async fn run(inputs: &Inputs) -> Result<Value, String> {
@@ -129,6 +101,7 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         workers: inputs.number("WORKERS", 16)?.max(1),
         window: Duration::from_secs(inputs.number("HOLD", 60)?.max(1)),
         elsewhere: inputs.number("HOLD_ELSEWHERE", 0)? != 0,
+        long_mode: inputs.number("LONG_MODE", 1)? != 0,
     };
     let server = inputs.database_url();
     common::set_work_ms(0);
@@ -136,8 +109,13 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
     progress!("phase 1/2: short jobs for {:?}, no long job", load.window);
     let without = phase(&server, load, false).await?;
     progress!(
-        "phase 2/2: short jobs for {:?} while one job holds its transaction",
-        load.window
+        "phase 2/2: short jobs for {:?} while one long job runs ({})",
+        load.window,
+        if load.long_mode {
+            "long mode: no open transaction"
+        } else {
+            "LONG_MODE=0: it holds its transaction"
+        }
     );
     let with = phase(&server, load, true).await?;
     common::drop_database(&server, DATABASE).await?;
@@ -152,9 +130,10 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         0.0
     };
     progress!(
-        "throughput {} jobs/s without, {} with the long job (ratio {ratio}); dead tuples at the end: job {}, queue_group {}",
+        "throughput {} jobs/s without, {} with the long job (ratio {ratio}); longest xid or snapshot held by a runner connection {} s; dead tuples at the end: job {}, queue_group {}",
         without["throughput"],
         with["throughput"],
+        with["max_xid_age_s"],
         with["job_dead_tup"],
         with["queue_group_dead_tup"]
     );
@@ -165,10 +144,12 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         "workers": load.workers,
         "hold_secs": load.window.as_secs(),
         "hold_database": if load.elsewhere { "separate" } else { "same" },
+        "long_mode": load.long_mode,
         "hold_measured_secs": with["hold_measured_secs"],
         "throughput_without": without["throughput"],
         "throughput_with": with["throughput"],
         "ratio": ratio,
+        "max_xid_age_s": with["max_xid_age_s"],
         "job_dead_tup": with["job_dead_tup"],
         "queue_group_dead_tup": with["queue_group_dead_tup"],
         "without": without,
@@ -178,7 +159,7 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
 
 /// One phase: returns its figures.
 async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
-    let (pool, _url) =
+    let (pool, url) =
         common::fresh_database(server, DATABASE, load.workers as u32 * 2 + 10).await?;
     common::epoch();
     common::take_records();
@@ -211,10 +192,12 @@ async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
     if hold {
         let mut conn = hold_pool.get().await.map_err(|e| e.to_string())?;
         let max_ms = (load.window.as_millis() as u64).saturating_mul(2) + 300_000;
-        HoldJob { max_ms }
-            .enqueue(&mut conn, "hold")
-            .await
-            .map_err(|e| e.to_string())?;
+        if load.long_mode {
+            LongHoldJob { max_ms }.enqueue(&mut conn, "hold").await
+        } else {
+            HoldJob { max_ms }.enqueue(&mut conn, "hold").await
+        }
+        .map_err(|e| e.to_string())?;
         tokio::time::timeout(START_PATIENCE, HOLD_STARTED.notified())
             .await
             .map_err(|_| "the hold job did not start".to_owned())?;
@@ -240,12 +223,14 @@ async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
     .await
     .map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
+    let feeder_pid = Arc::new(AtomicI32::new(0));
     let feeder = tokio::spawn(feed(
         pool.clone(),
         load,
         names,
         enqueued.clone(),
         stop.clone(),
+        feeder_pid.clone(),
     ));
 
     // The window opens once short jobs flow: the runner's start-up (pool
@@ -258,6 +243,14 @@ async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let startup_secs = runner_started.elapsed().as_secs_f64();
+    let stop_watching = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn(watch_xids(
+        AsyncPgConnection::establish(&url)
+            .await
+            .map_err(|e| format!("connect the watcher: {e}"))?,
+        feeder_pid.clone(),
+        stop_watching.clone(),
+    ));
     let started = Instant::now();
     let first = common::finished() as u64;
     let mut previous = first;
@@ -270,6 +263,8 @@ async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
         previous = now;
     }
     let window_secs = started.elapsed().as_secs_f64();
+    stop_watching.store(true, Ordering::Relaxed);
+    let max_xid_age = watcher.await.map_err(|e| e.to_string())??;
     let done = common::finished() as u64 - first;
     let throughput = done as f64 / window_secs;
     stop.store(true, Ordering::Relaxed);
@@ -330,6 +325,7 @@ async fn phase(server: &str, load: Load, hold: bool) -> Result<Value, String> {
         "throughput_per_slice": series,
         "hold_measured_secs": round3(hold_measured),
         "hold_xid_seen": hold_xid,
+        "max_xid_age_s": round3(max_xid_age),
         "job_dead_tup": stat(&at_end, "job", |s| s.dead),
         "job_live_tup": stat(&at_end, "job", |s| s.live),
         "job_bytes": stat(&at_end, "job", |s| s.bytes),
@@ -352,8 +348,14 @@ async fn feed(
     names: Arc<Vec<String>>,
     enqueued: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    pid: Arc<AtomicI32>,
 ) -> Result<(), String> {
     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+    let me: Count = diesel::sql_query("SELECT pg_backend_pid()::bigint AS n")
+        .get_result(&mut *conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    pid.store(me.n as i32, Ordering::Relaxed);
     while !AtomicBool::load(&stop, Ordering::Relaxed) {
         let total = AtomicU64::load(&enqueued, Ordering::Relaxed);
         if total.saturating_sub(common::finished() as u64) >= load.jobs / 2 {

@@ -59,6 +59,12 @@ impl<'a> JobContext<'a> {
     /// commits together with the short jobs run before it in that
     /// transaction (which took no connection, so wrote nothing) but never
     /// with another job's writes (see `RunnerConfig::max_batch`).
+    ///
+    /// **In long mode** ([`Job::LONG`](crate::Job::LONG), `#[job(long)]`)
+    /// there is no job transaction: this is a connection in autocommit,
+    /// each statement commits on its own, and nothing is rolled back when
+    /// the handler fails. Use `transaction` for writes that belong
+    /// together, and make them idempotent (see [`Job::LONG`](crate::Job::LONG)).
     pub fn conn(&mut self) -> &mut AsyncPgConnection {
         self.used_conn = true;
         self.conn

@@ -33,6 +33,7 @@ pub const fn registration<T: Handler>() -> Registration {
         timeout: T::TIMEOUT,
         backoff: T::BACKOFF,
         priority: T::PRIORITY,
+        long: T::LONG,
         run: run_erased::<T>,
     }
 }

@@ -56,6 +56,37 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// Default priority: among groups whose head is ready, higher priorities
     /// start first. It never reorders jobs inside a group.
     const PRIORITY: i16;
+    /// Whether jobs of this type run in **long mode** (`#[job(long)]`;
+    /// default `false`), for handlers that run for minutes or hours.
+    ///
+    /// In the default mode a job runs inside a database transaction that
+    /// holds its group's lock; an open transaction holds back VACUUM's
+    /// horizon for the whole server, so one job that runs for an hour leaves
+    /// every table's dead rows in place for that hour. In long mode the
+    /// group is held without an open transaction: the job's claim is
+    /// committed with the id of the runner that holds it, the runner's
+    /// connection keeps a session-level advisory lock (no transaction id,
+    /// released the moment the session ends, so a crashed worker's job
+    /// runs again at once), and the outcome is written by a short
+    /// transaction that succeeds only if the claim is still this run's.
+    ///
+    /// **What long mode gives up: atomic completion.** [`JobContext::conn`](crate::JobContext::conn)
+    /// is then a connection in autocommit, and each statement the handler
+    /// sends commits on its own, whatever the job's outcome. A run that
+    /// fails, times out or dies halfway keeps what it wrote so far, and the
+    /// job runs again from the start. Write such handlers to be idempotent:
+    /// key what they write by the job id ([`JobContext::id`](crate::JobContext::id))
+    /// and upsert (`INSERT ... ON CONFLICT (job_id) DO UPDATE`), or record
+    /// each finished step in a row of your own and skip the steps recorded
+    /// on a rerun; group writes that must stand or fall together in a
+    /// transaction of the handler's own (`conn.transaction(...)`).
+    ///
+    /// Long mode needs a group: an ungrouped job of a long type runs in the
+    /// default mode. A long job holds its whole group, whatever the group's
+    /// concurrency. A worker that freezes holds its group until its lease
+    /// ([`RunnerConfig::long_lease`](crate::RunnerConfig::long_lease))
+    /// passes; see `docs/failure-model.md`.
+    const LONG: bool = false;
 
     /// Enqueues this job in group `group` (a tenant, an account, a device…).
     ///

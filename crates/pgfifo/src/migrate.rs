@@ -92,6 +92,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0006_group_controls/up.sql"),
         down: include_str!("../migrations/0006_group_controls/down.sql"),
     },
+    Migration {
+        version: 7,
+        name: "long_runs",
+        release: "0.2.0",
+        up: include_str!("../migrations/0007_long_runs/up.sql"),
+        down: include_str!("../migrations/0007_long_runs/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.
@@ -117,6 +124,7 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "20_promote.sql",
     "30_advance_head.sql",
     "40_pick.sql",
+    "45_long_run.sql",
     "50_start_attempts.sql",
     "60_complete.sql",
     "70_lock_group.sql",

@@ -38,6 +38,8 @@ pub struct Registration {
     pub(crate) timeout: Option<Duration>,
     pub(crate) backoff: Duration,
     pub(crate) priority: i16,
+    /// Runs in long mode ([`Job::LONG`](crate::Job::LONG)).
+    pub(crate) long: bool,
     pub(crate) run: RunFn,
 }
 

@@ -10,6 +10,7 @@
 //! * `QUEUES`: comma-separated queues to serve (default `faults`);
 //! * `CONCURRENCY`: jobs at once (default 4);
 //! * `IDLE_GRACE_MS`: `RunnerConfig::idle_grace` (default 2000);
+//! * `LONG_LEASE_MS`: `RunnerConfig::long_lease` (default 30000);
 //! * `POOL_SIZE`: the pool's size (default `2 * CONCURRENCY + 3`);
 //! * `FREEZE_HOLD_MS`: how long a freeze job waits at its freeze point
 //!   (default 2000);
@@ -55,6 +56,25 @@ struct FaultJob {
     work_ms: u32,
 }
 
+/// The same job in long mode (`#[job(long)]`): it holds its group without
+/// an open transaction, and its log row commits on its own (see
+/// `log_run`).
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    kind = "faults.long",
+    queue = "faults",
+    long,
+    max_attempts = 25,
+    timeout = "4s",
+    backoff = "100ms"
+)]
+struct LongFaultJob {
+    grp: u32,
+    seq: u32,
+    mode: Mode,
+    work_ms: u32,
+}
+
 /// The frozen-worker scenario's job: with `freeze`, attempt 1 writes its log
 /// row, announces its freeze point on stdout and waits, so that the suite can
 /// SIGSTOP the process mid-handler.
@@ -67,6 +87,24 @@ struct FaultJob {
     backoff = "100ms"
 )]
 struct FreezeJob {
+    grp: u32,
+    seq: u32,
+    freeze: bool,
+    work_ms: u32,
+}
+
+/// The frozen-worker scenario's job in long mode: the same freeze point,
+/// with the group held by a long run (no transaction) instead.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    kind = "faults.freeze_long",
+    queue = "freeze_long",
+    long,
+    max_attempts = 10,
+    timeout = "1s",
+    backoff = "100ms"
+)]
+struct LongFreezeJob {
     grp: u32,
     seq: u32,
     freeze: bool,
@@ -88,30 +126,40 @@ fn record(line: &Line) {
 
 /// Writes the run's `fault_log` row through the job's transaction, with
 /// the transaction's start (`now()`): the moment the runner picked the job
-/// (it sends BEGIN with the pick).
+/// (it sends BEGIN with the pick). A job in long mode has no transaction:
+/// its row goes to `fault_long_stage` at once, and a trigger copies it to
+/// `fault_log` in the transaction that writes the job's success, so that
+/// `fault_log` still holds exactly the runs that committed (and would show
+/// a second completion as a second row). Its `now()` is the statement's,
+/// after the pick.
 async fn log_run(
     ctx: &mut JobContext<'_>,
     grp: u32,
     seq: u32,
     start_ns: i64,
     end_ns: i64,
+    long: bool,
 ) -> Result<(), diesel::result::Error> {
     let (id, attempt, queue) = (ctx.id(), ctx.attempt(), ctx.queue().to_owned());
-    diesel::sql_query(
+    let sql = if long {
+        "INSERT INTO fault_long_stage (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns, picked_ns) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, (extract(epoch FROM now()) * 1e9)::bigint)"
+    } else {
         "INSERT INTO fault_log (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns, picked_ns) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, (extract(epoch FROM now()) * 1e9)::bigint)",
-    )
-    .bind::<BigInt, _>(id)
-    .bind::<Integer, _>(attempt as i32)
-    .bind::<Text, _>(&queue)
-    .bind::<Integer, _>(grp as i32)
-    .bind::<Integer, _>(seq as i32)
-    .bind::<Integer, _>(std::process::id() as i32)
-    .bind::<BigInt, _>(start_ns)
-    .bind::<BigInt, _>(end_ns)
-    .execute(ctx.conn())
-    .await
-    .map(drop)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, (extract(epoch FROM now()) * 1e9)::bigint)"
+    };
+    diesel::sql_query(sql)
+        .bind::<BigInt, _>(id)
+        .bind::<Integer, _>(attempt as i32)
+        .bind::<Text, _>(&queue)
+        .bind::<Integer, _>(grp as i32)
+        .bind::<Integer, _>(seq as i32)
+        .bind::<Integer, _>(std::process::id() as i32)
+        .bind::<BigInt, _>(start_ns)
+        .bind::<BigInt, _>(end_ns)
+        .execute(ctx.conn())
+        .await
+        .map(drop)
 }
 
 /// Runs of this process so far: each run's number joins its record lines.
@@ -197,95 +245,135 @@ async fn hang() {
 #[async_trait]
 impl Handler for FaultJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        let (run, start_ns) = started(ctx, self.grp, self.seq);
-        let hangs = match self.mode {
-            Mode::Poison => {
-                record(&Line::Abort {
-                    run: run.key,
-                    pid: std::process::id(),
-                    n: run.n,
-                    ns: now_ns(),
-                });
-                std::process::abort();
-            }
-            Mode::HangAlways => Ok(true),
-            Mode::HangOnce => earlier_failure(ctx, "timed out").await.map(|seen| !seen),
-            _ => Ok(false),
-        };
-        if hangs.as_ref().is_ok_and(|h| *h) {
-            hang().await;
-        }
-        let written = match hangs {
-            Err(e) => Err(e),
-            Ok(_) => {
-                if self.work_ms > 0 {
-                    tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
-                }
-                match log_run(ctx, self.grp, self.seq, start_ns, now_ns()).await {
-                    Err(e) => Err(e),
-                    Ok(()) => match self.mode {
-                        Mode::PanicAlways => Ok(true),
-                        Mode::PanicOnce => earlier_failure(ctx, "panicked").await.map(|seen| !seen),
-                        _ => Ok(false),
-                    },
-                }
-            }
-        };
-        let panics = match written {
-            Err(e) => {
-                ended(run, &db_error(&e));
-                return Err(e.into());
-            }
-            Ok(panics) => panics,
-        };
-        ended(run, if panics { "panic" } else { "ok" });
-        if panics {
-            panic!(
-                "fault-worker: planned panic in job {} attempt {}",
-                run.key.job, run.key.attempt
-            );
-        }
-        Ok(())
+        fault_run(ctx, self.grp, self.seq, self.mode, self.work_ms, false).await
     }
+}
+
+#[async_trait]
+impl Handler for LongFaultJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        fault_run(ctx, self.grp, self.seq, self.mode, self.work_ms, true).await
+    }
+}
+
+/// A run of `faults.job` (or, with `long`, `faults.long`): does what its
+/// mode says.
+async fn fault_run(
+    ctx: &mut JobContext<'_>,
+    grp: u32,
+    seq: u32,
+    mode: Mode,
+    work_ms: u32,
+    long: bool,
+) -> Result<(), JobError> {
+    let (run, start_ns) = started(ctx, grp, seq);
+    let hangs = match mode {
+        Mode::Poison => {
+            record(&Line::Abort {
+                run: run.key,
+                pid: std::process::id(),
+                n: run.n,
+                ns: now_ns(),
+            });
+            std::process::abort();
+        }
+        Mode::HangAlways => Ok(true),
+        Mode::HangOnce => earlier_failure(ctx, "timed out").await.map(|seen| !seen),
+        _ => Ok(false),
+    };
+    if hangs.as_ref().is_ok_and(|h| *h) {
+        hang().await;
+    }
+    let written = match hangs {
+        Err(e) => Err(e),
+        Ok(_) => {
+            if work_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(u64::from(work_ms))).await;
+            }
+            match log_run(ctx, grp, seq, start_ns, now_ns(), long).await {
+                Err(e) => Err(e),
+                Ok(()) => match mode {
+                    Mode::PanicAlways => Ok(true),
+                    Mode::PanicOnce => earlier_failure(ctx, "panicked").await.map(|seen| !seen),
+                    _ => Ok(false),
+                },
+            }
+        }
+    };
+    let panics = match written {
+        Err(e) => {
+            ended(run, &db_error(&e));
+            return Err(e.into());
+        }
+        Ok(panics) => panics,
+    };
+    ended(run, if panics { "panic" } else { "ok" });
+    if panics {
+        panic!(
+            "fault-worker: planned panic in job {} attempt {}",
+            run.key.job, run.key.attempt
+        );
+    }
+    Ok(())
 }
 
 #[async_trait]
 impl Handler for FreezeJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        let (run, start_ns) = started(ctx, self.grp, self.seq);
-        if self.freeze && ctx.attempt() == 1 {
-            let pre_ns = now_ns();
-            let logged = log_run(ctx, self.grp, self.seq, start_ns, pre_ns).await;
-            let done_ns = now_ns();
-            if let Err(e) = logged {
-                ended(run, &db_error(&e));
-                return Err(e.into());
-            }
-            // Nothing runs on the job's connection from here on: its
-            // transaction is idle, as a frozen process would leave it.
-            worker::say(&format!(
-                "freeze-point job={} pid={} pre_ns={pre_ns} done_ns={done_ns}",
-                run.key.job,
-                std::process::id()
-            ));
-            let hold = *FREEZE_HOLD.get().expect("set in main");
-            // A monotonic-clock wait: after SIGCONT it ends at once if its
-            // time passed while the process was stopped.
-            tokio::time::sleep(hold).await;
-            ended(run, "ok");
-            return Ok(());
-        }
-        if self.work_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(u64::from(self.work_ms))).await;
-        }
-        let logged = log_run(ctx, self.grp, self.seq, start_ns, now_ns()).await;
-        ended(
-            run,
-            &logged.as_ref().map_or_else(db_error, |()| "ok".to_owned()),
-        );
-        logged?;
-        Ok(())
+        freeze_run(ctx, self.grp, self.seq, self.freeze, self.work_ms, false).await
     }
+}
+
+#[async_trait]
+impl Handler for LongFreezeJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        freeze_run(ctx, self.grp, self.seq, self.freeze, self.work_ms, true).await
+    }
+}
+
+/// A run of a freeze job: with `freeze`, attempt 1 stops at its freeze
+/// point (see `FreezeJob`).
+async fn freeze_run(
+    ctx: &mut JobContext<'_>,
+    grp: u32,
+    seq: u32,
+    freeze: bool,
+    work_ms: u32,
+    long: bool,
+) -> Result<(), JobError> {
+    let (run, start_ns) = started(ctx, grp, seq);
+    if freeze && ctx.attempt() == 1 {
+        let pre_ns = now_ns();
+        let logged = log_run(ctx, grp, seq, start_ns, pre_ns, long).await;
+        let done_ns = now_ns();
+        if let Err(e) = logged {
+            ended(run, &db_error(&e));
+            return Err(e.into());
+        }
+        // Nothing runs on the job's connection from here on: its
+        // transaction is idle, as a frozen process would leave it.
+        worker::say(&format!(
+            "freeze-point job={} pid={} pre_ns={pre_ns} done_ns={done_ns}",
+            run.key.job,
+            std::process::id()
+        ));
+        let hold = *FREEZE_HOLD.get().expect("set in main");
+        // A monotonic-clock wait: after SIGCONT it ends at once if its
+        // time passed while the process was stopped.
+        tokio::time::sleep(hold).await;
+        ended(run, "ok");
+        return Ok(());
+    }
+    if work_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(u64::from(work_ms))).await;
+    }
+    let logged = log_run(ctx, grp, seq, start_ns, now_ns(), long).await;
+    ended(
+        run,
+        &logged.as_ref().map_or_else(db_error, |()| "ok".to_owned()),
+    );
+    logged?;
+    Ok(())
 }
 
 #[tokio::main]
@@ -305,6 +393,7 @@ async fn run() -> Result<(), String> {
         .collect();
     let concurrency: usize = worker::number("CONCURRENCY", 4)?;
     let idle_grace = Duration::from_millis(worker::number("IDLE_GRACE_MS", 2000)?);
+    let long_lease = Duration::from_millis(worker::number("LONG_LEASE_MS", 30_000)?);
     FREEZE_HOLD
         .set(Duration::from_millis(worker::number(
             "FREEZE_HOLD_MS",
@@ -327,6 +416,7 @@ async fn run() -> Result<(), String> {
     let pool = worker::connect(&url, pool_size).await?;
     let config = worker::base_config(queues, concurrency)
         .idle_grace(idle_grace)
+        .long_lease(long_lease)
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
         .name(format!("{app}:{}", std::process::id()));

@@ -12,6 +12,7 @@
 pub(crate) mod admin;
 pub(crate) mod enqueue;
 pub(crate) mod error;
+pub(crate) mod long_run;
 pub(crate) mod maintenance;
 pub(crate) mod migrate;
 pub mod pooler;

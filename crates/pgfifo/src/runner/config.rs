@@ -64,6 +64,29 @@ pub struct RunnerConfig {
     /// its connection: the server's `idle_in_transaction_session_timeout` is
     /// set to the job's timeout plus this grace for each job's transaction.
     pub idle_grace: Duration,
+    /// How long a job's transaction may stay open before the runner warns
+    /// (default 60 s; `None`: never). A job of a type in the default mode
+    /// runs inside its transaction, and an open transaction holds back
+    /// VACUUM's horizon for the whole database server. Past this age the
+    /// runner logs one warning for the run (tracing, level `WARN`, naming
+    /// the job type and suggesting long mode, `#[job(long)]`) and counts it
+    /// in [`LONG_TRANSACTIONS`](crate::runner::metrics::LONG_TRANSACTIONS).
+    /// The age is counted from the handler's start (its transaction began
+    /// at most a batch window earlier). Jobs in long mode
+    /// ([`Job::LONG`](crate::Job::LONG)) hold no transaction and are never
+    /// warned about.
+    pub long_transaction_warning: Option<Duration>,
+    /// How long a job in long mode ([`Job::LONG`](crate::Job::LONG)) holds
+    /// its group without a sign of life from its runner (default 30 s).
+    /// While the handler runs, the runner renews the lease every third of
+    /// this. A runner that froze (SIGSTOP, a stalled VM) keeps its
+    /// connection, and so its group, until the lease has passed: the next
+    /// pick that meets the group then ends the frozen runner's database
+    /// session (`pg_terminate_backend`; the runner's role needs the right,
+    /// as for any backend of the same role, or `pg_signal_backend`) and the
+    /// job runs again. A crash or a lost connection frees the group at once,
+    /// whatever this is.
+    pub long_lease: Duration,
     /// The runner's name: recorded with each attempt and as its row in
     /// `pgfifo.runner`. Must be unique among live runners (default
     /// `hostname:pid:xxxx`, with 4 random hex digits).
@@ -163,6 +186,8 @@ impl Default for RunnerConfig {
             max_backoff: Duration::from_secs(3600),
             shutdown_timeout: Duration::from_secs(30),
             idle_grace: Duration::from_secs(30),
+            long_transaction_warning: Some(Duration::from_secs(60)),
+            long_lease: Duration::from_secs(30),
             name: default_name(),
             heartbeat_interval: Duration::from_secs(5),
             metrics_interval: Some(Duration::from_secs(15)),
@@ -226,6 +251,20 @@ impl RunnerConfig {
     /// How long beyond its timeout a job's transaction may sit idle.
     pub fn idle_grace(mut self, grace: Duration) -> Self {
         self.idle_grace = grace;
+        self
+    }
+
+    /// Warns about job transactions open longer than this (`None`: never;
+    /// see [`RunnerConfig::long_transaction_warning`]).
+    pub fn long_transaction_warning(mut self, age: impl Into<Option<Duration>>) -> Self {
+        self.long_transaction_warning = age.into();
+        self
+    }
+
+    /// How long a long job holds its group without a sign of life (see
+    /// [`RunnerConfig::long_lease`]).
+    pub fn long_lease(mut self, lease: Duration) -> Self {
+        self.long_lease = lease;
         self
     }
 
@@ -329,6 +368,12 @@ impl RunnerConfig {
         if self.metrics_interval.is_some_and(|i| i.is_zero()) {
             return invalid("metrics_interval must be longer than zero (or None)");
         }
+        if self.long_transaction_warning.is_some_and(|a| a.is_zero()) {
+            return invalid("long_transaction_warning must be longer than zero (or None)");
+        }
+        if self.long_lease < Duration::from_millis(300) {
+            return invalid("long_lease must be at least 300 ms");
+        }
         if self.name.is_empty() {
             return invalid("name must not be empty");
         }
@@ -393,6 +438,10 @@ mod tests {
         assert_eq!(config.heartbeat_interval, Duration::from_secs(5));
         assert_eq!(config.metrics_interval, Some(Duration::from_secs(15)));
         assert_eq!(config.max_batch, 16);
+        assert_eq!(
+            config.long_transaction_warning,
+            Some(Duration::from_secs(60))
+        );
     }
 
     #[test]
@@ -404,6 +453,8 @@ mod tests {
             RunnerConfig::default().heartbeat_interval(RUNNER_ALIVE),
             RunnerConfig::default().metrics_interval(Duration::ZERO),
             RunnerConfig::default().name(""),
+            RunnerConfig::default().long_transaction_warning(Duration::ZERO),
+            RunnerConfig::default().long_lease(Duration::from_millis(10)),
             RunnerConfig::default().max_batch(0),
             RunnerConfig::default().batch_window(Duration::from_secs(30)),
             RunnerConfig::default().retention(Retention::default().batch_size(0)),

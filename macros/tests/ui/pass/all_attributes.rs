@@ -1,4 +1,5 @@
-// Every key of `#[job(...)]` in one attribute, including a negative priority.
+// Every key of `#[job(...)]` in one attribute, including a negative priority
+// and the `long` flag.
 
 use std::time::Duration;
 
@@ -12,7 +13,8 @@ use serde::{Deserialize, Serialize};
     max_attempts = 7,
     timeout = "30s",
     backoff = "500ms",
-    priority = -2
+    priority = -2,
+    long
 )]
 struct ChargeInvoice {
     invoice_id: i64,
@@ -44,6 +46,8 @@ fn main() {
     assert_eq!(<ChargeInvoice as Job>::TIMEOUT, Some(Duration::from_secs(30)));
     assert_eq!(<ChargeInvoice as Job>::BACKOFF, Duration::from_millis(500));
     assert_eq!(<ChargeInvoice as Job>::PRIORITY, -2);
+    assert!(<ChargeInvoice as Job>::LONG);
+    assert!(!<Extremes as Job>::LONG);
     let _ = ChargeInvoice { invoice_id: 1 }.invoice_id;
 
     assert_eq!(<Extremes as Job>::MAX_ATTEMPTS, u32::MAX);

@@ -69,7 +69,8 @@ macro_rules! group_rows {
 "SELECT k.group_id, g.head_id, j.state AS head_state,
                 g.ready_at IS NOT NULL AS active,
                 coalesce(g.ready_at > now(), false) AS waiting,
-                (extract(epoch FROM g.ready_at) * 1e6)::bigint AS ready_at_us,
+                (extract(epoch FROM CASE WHEN isfinite(g.ready_at) THEN g.ready_at END)
+                 * 1e6)::bigint AS ready_at_us,
                 j.attempts AS head_attempts, j.max_attempts AS head_max_attempts,
                 coalesce(j.state = 'queued' AND EXISTS (
                     SELECT 1 FROM pgfifo.job_attempt AS a

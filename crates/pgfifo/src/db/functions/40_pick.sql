@@ -67,6 +67,14 @@
 -- permit, or handed back) would let younger jobs of its group start and end
 -- in other slots before it begins.
 --
+-- Long runs. A job of a type in long mode is claimed right after its pick
+-- (pgfifo.claim_long_run) and T commits at once: the group is then held by
+-- a committed row of pgfifo.job_run and its holder's session-level
+-- advisory lock, and marked by ready_at = '-infinity'. The mark is read
+-- with the candidate (no extra lookup for other groups): such a group is
+-- busy while its holder's session lives, and reclaimed in T (its run row
+-- deleted, the job a queued head again) once it is gone.
+--
 -- A worker that stops without closing its connection (frozen by SIGSTOP, a
 -- stalled VM) would hold its groups forever. pick therefore bounds how long T
 -- may sit idle: p_idle_ms[i] for jobs of kind p_kinds[i], p_default_idle_ms
@@ -188,7 +196,7 @@ BEGIN
                             v_hi := v_slot::bigint - 1;
                         END IF;
                         FOR v_cand IN
-                            SELECT g.group_id FROM pgfifo.queue_group AS g
+                            SELECT g.group_id, g.ready_at FROM pgfifo.queue_group AS g
                             WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority = v_prio
                               AND g.slot BETWEEN v_lo AND v_hi AND g.ready_at <= v_now
                             ORDER BY g.slot
@@ -199,6 +207,14 @@ BEGIN
                             v_seen := v_seen + 1;
                             v_more := v_count > 0 AND v_seen > 2 * v_limit + 8;
                             EXIT queues WHEN v_more;
+                            -- Held by a long run (ready_at '-infinity', see
+                            -- 45_long_run.sql): busy while its holder's
+                            -- session lives, reclaimed once it is gone. (In
+                            -- branches, so that a schema without long runs
+                            -- never plans the call.)
+                            IF v_cand.ready_at = '-infinity' THEN
+                                CONTINUE WHEN NOT pgfifo.long_run_free(v_q, v_cand.group_id, NULL);
+                            END IF;
                             -- A group that may run more than one job at once
                             -- (concurrency N > 1): see "Slots" below.
                             IF v_controlled THEN
@@ -240,6 +256,11 @@ BEGIN
                                 IF v_slot_job THEN
                                     v_slot_left := true;
                                     CONTINUE;
+                                END IF;
+                                -- A long run holds the whole group (its mark
+                                -- can be overwritten by a sibling's retry).
+                                IF to_regclass('pgfifo.job_run') IS NOT NULL THEN
+                                    CONTINUE WHEN NOT pgfifo.long_run_free(v_q, v_cand.group_id, NULL);
                                 END IF;
                                 -- What decides whether the group may start a
                                 -- job now is read first, without locks.
@@ -371,6 +392,15 @@ BEGIN
                             -- can turn up at a lower priority level, whose read
                             -- comes later).
                             CONTINUE WHEN v_group.head_id = ANY (v_ids);
+                            -- Claimed for a long run since the candidate was
+                            -- read (busy: this lock lasts until T ends, a
+                            -- rare race), or reclaimed above: unmark it.
+                            IF v_group.ready_at = '-infinity' THEN
+                                CONTINUE WHEN NOT pgfifo.long_run_free(v_q, v_group.group_id, NULL);
+                                UPDATE pgfifo.queue_group AS g SET ready_at = v_now
+                                WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                v_group.ready_at := v_now;
+                            END IF;
                             IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL
                                OR v_group.paused THEN
                                 -- Jobs are picked already: leave this group to
@@ -505,7 +535,8 @@ BEGIN
         v_ids := v_ids || coalesce(array_remove(p_held, NULL), '{}');
         v_more := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                           WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
-                            AND g.ready_at <= v_now AND NOT g.head_id = ANY (v_ids))
+                            AND g.ready_at <= v_now AND g.ready_at > '-infinity'
+                            AND NOT g.head_id = ANY (v_ids))
                OR EXISTS (SELECT 1 FROM pgfifo.job AS j
                           WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
                             AND j.state = 'queued' AND j.run_after <= v_now

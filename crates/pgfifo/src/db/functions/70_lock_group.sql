@@ -21,7 +21,11 @@ BEGIN
     WHERE g.queue = p_queue AND g.group_id = p_group
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
-        RETURN true;
+        -- A long run holds its group without the row's lock: its mark
+        -- (45_long_run.sql) says a job runs.
+        RETURN NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                           WHERE g.queue = p_queue AND g.group_id = p_group
+                             AND g.ready_at = '-infinity');
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                    WHERE g.queue = p_queue AND g.group_id = p_group) THEN
@@ -32,7 +36,10 @@ BEGIN
         PERFORM 1 FROM pgfifo.queue_group AS g
         WHERE g.queue = p_queue AND g.group_id = p_group
         FOR UPDATE;
-        v_found := FOUND; -- (deleted while waiting: false)
+        v_found := FOUND -- (deleted while waiting: false)
+                   AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                                   WHERE g.queue = p_queue AND g.group_id = p_group
+                                     AND g.ready_at = '-infinity');
         PERFORM set_config('lock_timeout', v_timeout, true);
         RETURN v_found;
     EXCEPTION WHEN lock_not_available THEN

@@ -14,6 +14,7 @@ use crate::context::JobContext;
 use crate::db::runner::PickedJob;
 use crate::registry::Registration;
 use crate::runner::events::JobOutcome;
+use crate::runner::metrics::Run;
 use crate::runner::outcome::{event, Backoff, Done};
 use crate::JobError;
 
@@ -26,7 +27,7 @@ pub(super) struct Decided {
 }
 
 /// How a handler's run ended.
-enum Ended {
+pub(super) enum Ended {
     /// It returned `Ok`, with the result it stored.
     Returned(Option<serde_json::Value>),
     /// It returned an error, or its payload did not deserialize.
@@ -77,7 +78,19 @@ pub(super) async fn run_attempt(
         .timeout
         .unwrap_or(lanes.settings.default_timeout);
     let handler_started = Instant::now();
-    let (ended, used_conn) = run_handler(lanes, conn, &job, attempt, registration, timeout).await;
+    let (ended, used_conn) = run_handler(
+        lanes,
+        conn,
+        &job,
+        attempt,
+        registration,
+        timeout,
+        Guard {
+            warn_after: lanes.settings.long_transaction_warning,
+            run: run.as_ref(),
+        },
+    )
+    .await;
     if let Some(run) = run.as_mut() {
         run.handler_finished();
     }
@@ -160,15 +173,24 @@ pub(super) async fn run_attempt(
     }))
 }
 
+/// The default mode's guard against long transactions: warn once after
+/// `warn_after`, counting it in `run`'s metrics.
+pub(super) struct Guard<'r> {
+    pub(super) warn_after: Option<Duration>,
+    pub(super) run: Option<&'r Run>,
+}
+
 /// Runs the handler with its timeout, catching panics, until done or aborted.
-/// Also says whether the handler took the job's connection.
-async fn run_handler(
+/// Also says whether the handler took the job's connection. Warns once if
+/// the job's transaction stays open past the guard's age.
+pub(super) async fn run_handler(
     lanes: &Lanes,
     conn: &mut JobConn,
     job: &PickedJob,
     attempt: i32,
     registration: &Registration,
     timeout: Duration,
+    guard: Guard<'_>,
 ) -> (Ended, bool) {
     let mut ctx = JobContext {
         id: job.id,
@@ -181,19 +203,52 @@ async fn run_handler(
         result: None,
     };
     let ended = {
-        let run = AssertUnwindSafe((registration.run)(&job.payload, &mut ctx)).catch_unwind();
-        tokio::select! {
-            ran = tokio::time::timeout(timeout, run) => match ran {
-                Ok(Ok(Ok(()))) => None,
-                Ok(Ok(Err(err))) => Some(Ended::Failed(err)),
-                Ok(Err(panic)) => Some(Ended::Panicked(panic_message(&*panic))),
-                Err(_) => Some(Ended::TimedOut(timeout)),
-            },
-            () = lanes.abort.cancelled() => Some(Ended::Aborted),
+        let run_fut = AssertUnwindSafe((registration.run)(&job.payload, &mut ctx)).catch_unwind();
+        let ran = tokio::time::timeout(timeout, run_fut);
+        tokio::pin!(ran);
+        let mut warn_at = guard.warn_after;
+        loop {
+            let warn = async {
+                match warn_at {
+                    Some(age) => tokio::time::sleep(age).await,
+                    None => std::future::pending().await,
+                }
+            };
+            break tokio::select! {
+                ran = &mut ran => match ran {
+                    Ok(Ok(Ok(()))) => None,
+                    Ok(Ok(Err(err))) => Some(Ended::Failed(err)),
+                    Ok(Err(panic)) => Some(Ended::Panicked(panic_message(&*panic))),
+                    Err(_) => Some(Ended::TimedOut(timeout)),
+                },
+                () = lanes.abort.cancelled() => Some(Ended::Aborted),
+                () = warn => {
+                    warn_long_transaction(job, warn_at.take().unwrap_or_default(), guard.run);
+                    continue;
+                }
+            };
         }
     };
     let ended = ended.unwrap_or_else(|| Ended::Returned(ctx.result.take()));
     (ended, ctx.used_conn)
+}
+
+/// The default mode's guard: a job whose transaction has been open for
+/// `age` holds back VACUUM's horizon for the whole server. Said once per
+/// run, in the job's span.
+fn warn_long_transaction(job: &PickedJob, age: Duration, run: Option<&Run>) {
+    tracing::warn!(
+        kind = %job.kind,
+        age = ?age,
+        "job of type {:?} has held its transaction open for over {age:?}, which holds back \
+         VACUUM for the whole database server; if it runs this long normally, mark \
+         the type #[job(long)] (it then runs without an open transaction; see \
+         docs/failure-model.md), otherwise shorten it or split the work into steps",
+        job.kind
+    );
+    if let Some(run) = run {
+        run.long_transaction();
+    }
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

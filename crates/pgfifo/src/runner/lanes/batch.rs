@@ -35,8 +35,10 @@ use tracing::Instrument;
 use super::attempt::{run_attempt, Decided};
 use super::batching::Batching;
 use super::conn::{ConnectionLost, Heard, JobConn};
+use super::long;
 use super::write::{write, Written};
 use super::Lanes;
+use crate::db::pooler::is_transaction_pooled;
 use crate::db::runner::PickedJob;
 use crate::runner::outcome::Done;
 
@@ -102,6 +104,19 @@ pub(super) async fn run_batch(
     lane: usize,
     batching: &mut Batching,
 ) -> Result<Finished, ConnectionLost> {
+    // A job in long mode runs alone: its pick's transaction commits as soon
+    // as it is claimed. Jobs picked with it are handed back (their attempts
+    // are not recorded yet): those before it run now, the rest later.
+    let pooled = is_transaction_pooled(conn.get());
+    let mut jobs = jobs;
+    let mut split = false;
+    if jobs.len() > 1 {
+        if let Some(at) = jobs.iter().position(|j| long::is_long(lanes, j)) {
+            let rest = jobs.split_off(at.max(1));
+            hand_back(lanes, rest.into_iter().map(|j| (j, None))).await;
+            split = true;
+        }
+    }
     let backend_pid = jobs[0].backend_pid;
     // The handlers' savepoint is set while the bookkeeper records the
     // attempts on its own connection: one round trip for both.
@@ -203,6 +218,14 @@ pub(super) async fn run_batch(
         }
     };
 
+    if jobs.len() == 1 && long::is_long(lanes, &jobs[0].0) {
+        if pooled {
+            long::warn_pooled();
+        } else if let Some(attempt) = jobs[0].1 {
+            let (job, _) = jobs.pop().expect("one job");
+            return long::run_long(lanes, conn, job, attempt, lane, permit).await;
+        }
+    }
     let picked = jobs.len();
     let mut done: Vec<Done> = Vec::with_capacity(picked);
     let started = Instant::now();
@@ -276,7 +299,7 @@ pub(super) async fn run_batch(
     // The permit is free as soon as the handlers are done; writing the
     // outcomes and committing overlap with the next handler.
     drop(permit);
-    let handed_back = done.len() < picked;
+    let handed_back = split || done.len() < picked;
     let mut finished = Finished::from(write(lanes, conn, done, backend_pid, batching).await?);
     finished.again |= handed_back;
     Ok(finished)

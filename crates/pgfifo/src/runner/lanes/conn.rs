@@ -119,6 +119,12 @@ impl JobConn {
         &mut self.conn
     }
 
+    /// Marks the connection to be given up once its transaction ends (a
+    /// long job's handler was cut off while using it).
+    pub(crate) fn retire(&mut self) {
+        self.diesel = DieselView::Unknown;
+    }
+
     /// Whether a handler was cut off on this connection: the lane gives it up
     /// once its transaction ends.
     pub(crate) fn must_retire(&self) -> bool {

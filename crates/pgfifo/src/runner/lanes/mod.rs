@@ -65,6 +65,7 @@ mod batch;
 mod batching;
 mod conn;
 mod lane;
+mod long;
 mod write;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -290,6 +291,10 @@ pub(crate) struct LaneSettings {
     pub poll_interval: Duration,
     pub default_timeout: Duration,
     pub max_backoff: Duration,
+    pub long_transaction_warning: Option<Duration>,
+    pub long_lease: Duration,
+    /// The runner's name, recorded with each long run.
+    pub runner: String,
 }
 
 /// Everything the lanes run jobs with, shared by all of them.

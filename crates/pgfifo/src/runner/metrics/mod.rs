@@ -17,6 +17,7 @@
 //! | `pgfifo_jobs_snoozed_total` | counter | `queue`, `kind` | runs whose handler snoozed their group |
 //! | `pgfifo_jobs_aborted_total` | counter | `queue`, `kind` | runs that ended without an outcome (shutdown deadline, lost connection, an outcome the database refused); the job runs again |
 //! | `pgfifo_job_duration_seconds` | histogram | `queue`, `kind`, `outcome` | handler run time in seconds; `outcome` is `succeeded`, `retried`, `failed`, `cancelled` or `aborted` |
+//! | `pgfifo_long_transactions_total` | counter | `queue`, `kind` | runs whose job transaction stayed open longer than [`RunnerConfig::long_transaction_warning`](crate::RunnerConfig::long_transaction_warning) (each counted once; a hint to run the type in long mode, `#[job(long)]`) |
 //! | `pgfifo_jobs_running` | gauge | `queue` | handlers running now in this runner (including the moment until their outcome commits) |
 //! | `pgfifo_queue_depth` | gauge | `queue` | unfinished jobs (waiting, scheduled, between retries or running; counted up to [`COUNT_CAP`](crate::admin::COUNT_CAP)), sampled |
 //! | `pgfifo_group_lag_seconds` | gauge | `queue` | how long the oldest head of an active group has been enqueued, in seconds (0 when no group has one): how far the queue lags, sampled |
@@ -64,6 +65,10 @@ pub const JOBS_SNOOZED: &str = "pgfifo_jobs_snoozed_total";
 pub const JOBS_ABORTED: &str = "pgfifo_jobs_aborted_total";
 /// Histogram: handler run time in seconds (labels `queue`, `kind`, `outcome`).
 pub const JOB_DURATION: &str = "pgfifo_job_duration_seconds";
+/// Counter: runs whose job transaction stayed open longer than
+/// [`RunnerConfig::long_transaction_warning`](crate::RunnerConfig::long_transaction_warning),
+/// each counted once (labels `queue`, `kind`).
+pub const LONG_TRANSACTIONS: &str = "pgfifo_long_transactions_total";
 /// Gauge: handlers running now in this runner (label `queue`).
 pub const JOBS_RUNNING: &str = "pgfifo_jobs_running";
 /// Gauge: unfinished jobs, sampled (label `queue`).
@@ -145,6 +150,7 @@ struct KindMetrics {
     /// Outcome counters and duration histograms, indexed by `Outcome as usize`.
     outcomes: [Counter; 6],
     durations: [Histogram; 6],
+    long_transactions: Counter,
 }
 
 impl KindMetrics {
@@ -161,6 +167,7 @@ impl KindMetrics {
                 labels.push(Label::new("outcome", o.label()));
                 metrics::histogram!(JOB_DURATION, labels)
             }),
+            long_transactions: metrics::counter!(LONG_TRANSACTIONS, labels.clone()),
         }
     }
 
@@ -367,6 +374,12 @@ impl Run {
     pub(crate) fn handler_finished(&mut self) {
         self.ran_for = Some(self.started.elapsed());
     }
+
+    /// The run's job transaction has been open longer than the runner's
+    /// warning age.
+    pub(crate) fn long_transaction(&self) {
+        self.handles.long_transactions.increment(1);
+    }
 }
 
 impl Drop for Run {
@@ -398,6 +411,11 @@ fn describe() {
         JOBS_ABORTED,
         count,
         "Runs ended without an outcome (shutdown, lost connection); the job runs again"
+    );
+    describe_counter!(
+        LONG_TRANSACTIONS,
+        count,
+        "Runs whose job transaction stayed open past the warning age (see #[job(long)])"
     );
     describe_histogram!(JOB_DURATION, Unit::Seconds, "Handler run time, by outcome");
     describe_gauge!(JOBS_RUNNING, count, "Handlers running now in this runner");

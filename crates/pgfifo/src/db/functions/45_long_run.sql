@@ -1,0 +1,205 @@
+-- Long runs: jobs of types in long mode (`#[job(long)]`), which hold their
+-- group without an open transaction. See migrations/0007_long_runs and
+-- docs/locking.md ("Long mode").
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+--
+-- The lock. A long run's holder keeps a session-level advisory lock
+-- (class 1885824620, 0x7067666c 'pgfl'; key: a hash of the queue and the
+-- group, or of the job for an ungrouped one) from the claim until after its
+-- outcome commits. It takes no xid and holds no snapshot, and PostgreSQL
+-- releases it when the session ends, however it ends. pgfifo's two-key
+-- advisory space keeps it away from the application's single-key locks.
+
+-- The second key of a long run's advisory lock.
+CREATE OR REPLACE FUNCTION pgfifo.long_run_key(p_queue text, p_group text, p_job bigint)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT hashtext(p_queue || chr(31) || coalesce(p_group, chr(30) || p_job::text))
+$$;
+
+-- Whether the group p_group of p_queue (or, for p_group NULL, the ungrouped
+-- job p_job) is free of long runs: true when it has none, or when its
+-- holder's session is gone, in which case the run's row is deleted in the
+-- caller's transaction (a pick's) and its job is a queued head that runs
+-- again. False while the holder's session lives; if its lease has passed
+-- (a frozen process: alive, not renewing), its backend is ended, so that a
+-- later pick finds the lock free. Never waits: a row another pick is
+-- reclaiming counts as busy.
+CREATE OR REPLACE FUNCTION pgfifo.long_run_free(p_queue text, p_group text, p_job bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_run record;
+BEGIN
+    IF p_group IS NOT NULL THEN
+        SELECT r.job_id, r.token, r.lock_key, r.pid, r.lease_until INTO v_run
+        FROM pgfifo.job_run AS r WHERE r.queue = p_queue AND r.group_id = p_group;
+    ELSE
+        SELECT r.job_id, r.token, r.lock_key, r.pid, r.lease_until INTO v_run
+        FROM pgfifo.job_run AS r WHERE r.job_id = p_job;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN true;
+    END IF;
+    -- Taken and given back at once: only whether someone holds it matters.
+    -- (This session never holds one itself: a connection that runs a long
+    -- job picks nothing until its lock is released.)
+    IF pg_try_advisory_lock(1885824620, v_run.lock_key) THEN
+        PERFORM pg_advisory_unlock(1885824620, v_run.lock_key);
+        -- The holder's session is gone. Another pick may be reclaiming the
+        -- same row: skip it rather than wait.
+        PERFORM 1 FROM pgfifo.job_run AS r
+        WHERE r.job_id = v_run.job_id AND r.token = v_run.token
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        DELETE FROM pgfifo.job_run AS r WHERE r.job_id = v_run.job_id AND r.token = v_run.token;
+        RETURN true;
+    END IF;
+    IF v_run.lease_until < clock_timestamp() THEN
+        -- Alive but not renewing: end its session, if it is still the
+        -- backend that holds the lock (a pid can be reused).
+        BEGIN
+            PERFORM pg_terminate_backend(l.pid)
+            FROM pg_locks AS l
+            WHERE l.locktype = 'advisory' AND l.granted AND l.pid = v_run.pid
+              AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+              AND l.classid = 1885824620::oid AND l.objid = v_run.lock_key::oid AND l.objsubid = 2;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'pgfifo: the long run of job % has not renewed its lease, and this role may not end its backend (pid %): grant it pg_signal_backend',
+                v_run.job_id, v_run.pid;
+        END;
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- Claims a picked job for a long run, in the pick's transaction, which
+-- then commits at once: records the run and takes its session-level lock.
+-- Returns the run's fencing token and lock key; no row when the lock is
+-- held by another session (a hash collision, or a holder whose session is
+-- still ending): the caller hands the job back.
+CREATE OR REPLACE FUNCTION pgfifo.claim_long_run(
+    p_job      bigint,
+    p_queue    text,
+    p_group    text,
+    p_attempt  integer,
+    p_runner   text,
+    p_lease_ms integer
+)
+RETURNS TABLE (token bigint, lock_key integer)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_key   integer := pgfifo.long_run_key(p_queue, p_group, p_job);
+    v_token bigint;
+BEGIN
+    IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'pgfifo.claim_long_run must run in the job transaction that picked the job'
+            USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
+    END IF;
+    IF NOT pg_try_advisory_lock(1885824620, v_key) THEN
+        RETURN;
+    END IF;
+    INSERT INTO pgfifo.job_run AS r (job_id, queue, group_id, token, lock_key, pid, runner,
+                                     attempt, lease_until)
+    VALUES (p_job, p_queue, p_group, nextval('pgfifo.job_run_token_seq'), v_key, pg_backend_pid(),
+            p_runner, p_attempt, clock_timestamp() + p_lease_ms * interval '1 millisecond')
+    ON CONFLICT DO NOTHING
+    RETURNING r.token INTO v_token;
+    IF v_token IS NULL THEN
+        PERFORM pg_advisory_unlock(1885824620, v_key);
+        RETURN;
+    END IF;
+    -- The mark that tells picks this group is held by a long run: its
+    -- ready_at becomes '-infinity' (still ready, so that a pick looks at it
+    -- and can reclaim it when its holder's session is gone; not indexed, so
+    -- a HOT update). The pick tests the mark on values it reads anyway,
+    -- which keeps groups without long runs free of any extra lookup.
+    IF p_group IS NOT NULL THEN
+        UPDATE pgfifo.queue_group AS g SET ready_at = '-infinity'
+        WHERE g.queue = p_queue AND g.group_id = p_group;
+    END IF;
+    token := v_token;
+    lock_key := v_key;
+    RETURN NEXT;
+END
+$$;
+
+-- Extends the leases of the runs with these tokens (the holder's
+-- heartbeat, from any connection).
+CREATE OR REPLACE FUNCTION pgfifo.renew_long_runs(p_tokens bigint[], p_lease_ms integer)
+RETURNS void
+LANGUAGE sql
+AS $$
+    UPDATE pgfifo.job_run AS r
+    SET lease_until = clock_timestamp() + p_lease_ms * interval '1 millisecond'
+    WHERE r.token = ANY (p_tokens)
+$$;
+
+-- Ends a long run, first thing in the job transaction that writes its
+-- outcome (pgfifo.complete follows): deletes the run's row if it still
+-- bears p_token, and locks the job's group row and job row as a pick
+-- would have. False when the row is gone or bears another token: the run
+-- was reclaimed (its holder's session was seen dead) and the job is
+-- another run's; the caller must write nothing and roll back.
+CREATE OR REPLACE FUNCTION pgfifo.end_long_run(p_job bigint, p_token bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_queue text;
+    v_group text;
+BEGIN
+    IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'pgfifo.end_long_run must run in a job transaction'
+            USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
+    END IF;
+    DELETE FROM pgfifo.job_run AS r WHERE r.job_id = p_job AND r.token = p_token
+    RETURNING r.queue, r.group_id INTO v_queue, v_group;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- In the order a pick takes them. A pick that locked the group row
+    -- since (it saw the run a moment before its end) holds it only until
+    -- its own transaction commits.
+    IF v_group IS NOT NULL THEN
+        UPDATE pgfifo.queue_group AS g SET ready_at = clock_timestamp()
+        WHERE g.queue = v_queue AND g.group_id = v_group AND g.ready_at = '-infinity';
+        PERFORM 1 FROM pgfifo.queue_group AS g
+        WHERE g.queue = v_queue AND g.group_id = v_group FOR UPDATE;
+    END IF;
+    PERFORM 1 FROM pgfifo.job AS j WHERE j.id = p_job FOR UPDATE;
+    RETURN true;
+END
+$$;
+
+-- Gives a long run up without an outcome (its runner shuts down): the job
+-- is its group's head again and runs again. Autocommit; the caller then
+-- releases the run's lock.
+CREATE OR REPLACE FUNCTION pgfifo.release_long_run(p_job bigint, p_token bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_queue text;
+    v_group text;
+BEGIN
+    DELETE FROM pgfifo.job_run AS r WHERE r.job_id = p_job AND r.token = p_token
+    RETURNING r.queue, r.group_id INTO v_queue, v_group;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF v_group IS NOT NULL THEN
+        UPDATE pgfifo.queue_group AS g SET ready_at = clock_timestamp()
+        WHERE g.queue = v_queue AND g.group_id = v_group AND g.ready_at = '-infinity';
+    END IF;
+    RETURN true;
+END
+$$;

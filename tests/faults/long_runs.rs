@@ -1,0 +1,88 @@
+//! The long-mode jobs' part of the suite (`faults.long`, one group in
+//! `LONG_EVERY` of N = 1): they go through every fault and every check with
+//! the others (their `fault_log` rows are copied in by the transaction
+//! that writes their success, see `FAULT_LONG`). Here: how many there were,
+//! how many runs a SIGKILL cut off mid-handler, and how soon each of those
+//! jobs started again: the holder's session ends with its process, so the
+//! next pick that meets the group takes it over, without waiting for its
+//! lease.
+
+use std::collections::HashSet;
+
+use pgfifo_tests::faults::runs::{Cut, Interval, Line};
+
+use crate::plan::is_long_group;
+use crate::suite::Suite;
+
+/// What the long-mode jobs went through.
+pub(crate) struct LongFound {
+    /// Long-mode jobs enqueued.
+    pub(crate) jobs: usize,
+    /// Their runs cut off by their process's death.
+    pub(crate) killed: usize,
+    /// For each, seconds from its death to the next start of its job.
+    pub(crate) rerun_after: Vec<f64>,
+    /// Killed runs whose job never started again.
+    pub(crate) never_rerun: Vec<String>,
+}
+
+/// Looks at the long-mode runs that a death cut off.
+pub(crate) fn check(suite: &Suite, intervals: &[Interval], lines: &[Line]) -> LongFound {
+    let long_ids: HashSet<i64> = suite
+        .jobs
+        .iter()
+        .filter(|j| j.queue == "faults" && is_long_group(j.grp, &suite.wide))
+        .map(|j| j.id)
+        .collect();
+    let mut found = LongFound {
+        jobs: long_ids.len(),
+        killed: 0,
+        rerun_after: Vec::new(),
+        never_rerun: Vec::new(),
+    };
+    for i in intervals
+        .iter()
+        .filter(|i| i.cut == Cut::Died && long_ids.contains(&i.run.job))
+    {
+        found.killed += 1;
+        let next = lines
+            .iter()
+            .filter_map(|l| match l {
+                Line::Start { run, ns, .. }
+                    if run.job == i.run.job && run.attempt > i.run.attempt =>
+                {
+                    Some(*ns)
+                }
+                _ => None,
+            })
+            .min();
+        match next {
+            Some(ns) => found.rerun_after.push((ns - i.end).max(0) as f64 / 1e9),
+            None => found.never_rerun.push(format!(
+                "job {} attempt {} (pid {})",
+                i.run.job, i.run.attempt, i.pid
+            )),
+        }
+    }
+    found.rerun_after.sort_by(f64::total_cmp);
+    found
+}
+
+/// The line the report prints.
+pub(crate) fn summary(found: &LongFound) -> String {
+    let at = |q: f64| {
+        if found.rerun_after.is_empty() {
+            0.0
+        } else {
+            let k = ((found.rerun_after.len() - 1) as f64 * q).round() as usize;
+            found.rerun_after[k]
+        }
+    };
+    format!(
+        "long_jobs={} long_killed={} long_rerun_after_kill median={:.2}s max={:.2}s",
+        found.jobs,
+        found.killed,
+        at(0.5),
+        at(1.0)
+    )
+}
