@@ -237,6 +237,7 @@ async fn finish(
     let finished = Finished {
         done: Vec::new(),
         again: true,
+        continues: left.now,
         soon: Vec::new(),
     };
     let event = done.event();
