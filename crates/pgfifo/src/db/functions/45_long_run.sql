@@ -161,17 +161,14 @@ BEGIN
         RAISE EXCEPTION 'pgfifo.end_long_run must run in a job transaction'
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
     END IF;
-    DELETE FROM pgfifo.job_run AS r WHERE r.job_id = p_job AND r.token = p_token
-    RETURNING r.queue, r.group_id INTO v_queue, v_group;
-    IF NOT FOUND THEN
+    IF NOT pgfifo.release_long_run(p_job, p_token) THEN
         RETURN false;
     END IF;
+    SELECT j.queue, j.group_id INTO v_queue, v_group FROM pgfifo.job AS j WHERE j.id = p_job;
     -- In the order a pick takes them. A pick that locked the group row
     -- since (it saw the run a moment before its end) holds it only until
     -- its own transaction commits.
     IF v_group IS NOT NULL THEN
-        UPDATE pgfifo.queue_group AS g SET ready_at = clock_timestamp()
-        WHERE g.queue = v_queue AND g.group_id = v_group AND g.ready_at = '-infinity';
         PERFORM 1 FROM pgfifo.queue_group AS g
         WHERE g.queue = v_queue AND g.group_id = v_group FOR UPDATE;
     END IF;
@@ -182,7 +179,7 @@ $$;
 
 -- Gives a long run up without an outcome (its runner shuts down): the job
 -- is its group's head again and runs again. Autocommit; the caller then
--- releases the run's lock.
+-- releases the run's lock. (Also the first step of end_long_run.)
 CREATE OR REPLACE FUNCTION pgfifo.release_long_run(p_job bigint, p_token bigint)
 RETURNS boolean
 LANGUAGE plpgsql
