@@ -86,12 +86,16 @@ macro_rules! progress {
 }
 
 /// Recreates database `name` on the server of `server_url`, migrates it and
-/// returns a pool of `pool_size` connections to it.
+/// returns a pool of `pool_size` connections to it. `BENCH_DB_SUFFIX`, when
+/// set, is appended to the name, so that two runs of one scenario (two
+/// builds, two people) can share a server without dropping each other's
+/// database.
 pub async fn fresh_database(
     server_url: &str,
     name: &str,
     pool_size: u32,
 ) -> Result<(Pool, String), String> {
+    let name = &database_name(name)?;
     let mut admin = AsyncPgConnection::establish(server_url)
         .await
         .map_err(|e| format!("connect to {server_url}: {e}"))?;
@@ -110,6 +114,20 @@ pub async fn fresh_database(
         .map_err(|e| e.to_string())?;
     pgfifo::migrate(&pool).await.map_err(|e| e.to_string())?;
     Ok((pool, url))
+}
+
+/// A scenario's database `name`, with `BENCH_DB_SUFFIX` appended.
+fn database_name(name: &str) -> Result<String, String> {
+    let suffix = std::env::var("BENCH_DB_SUFFIX").unwrap_or_default();
+    if !suffix
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(format!(
+            "BENCH_DB_SUFFIX={suffix:?}: use letters, digits and underscores only"
+        ));
+    }
+    Ok(format!("{name}{suffix}"))
 }
 
 /// `server_url` with its database replaced by `name`.
@@ -324,6 +342,7 @@ pub fn write_records(path: &str, records: &[Record]) -> Result<(), String> {
 
 /// Drops database `name` on the server of `server_url` (closing its sessions).
 pub async fn drop_database(server_url: &str, name: &str) -> Result<(), String> {
+    let name = &database_name(name)?;
     let mut admin = AsyncPgConnection::establish(server_url)
         .await
         .map_err(|e| format!("connect to {server_url}: {e}"))?;

@@ -7,7 +7,9 @@
 //! runners, and what a group's concurrency buys; see the `group_controls`
 //! module). Each prints progress on stderr and exactly one JSON line on
 //! stdout. Inputs are environment variables (`DATABASE_URL`, `JOBS`,
-//! `NGROUPS`, `WORKERS`, …); a flag `--jobs 5000` overrides `JOBS`.
+//! `NGROUPS`, `WORKERS`, …); a flag `--jobs 5000` overrides `JOBS`. Each
+//! scenario recreates its own database on the server; `BENCH_DB_SUFFIX`
+//! appends to its name, so that runs side by side do not share one.
 
 mod backlog;
 mod common;

@@ -20,6 +20,9 @@
 //! * no handler starts once the batch has run for [`Batching::window`]:
 //!   a group whose job finished waits at most that long (plus the handler
 //!   then running) for its commit, and so for its next job;
+//! * no handler after the first starts while another lane seeks work with
+//!   a slot free: the rest of the batch is handed back for the lanes that
+//!   stand idle, which take it side by side once this lane commits;
 //! * a lane sizes its next pick from what its handlers took: handlers that
 //!   use the connection, or take about the window, get one job per pick.
 //!
@@ -231,7 +234,15 @@ pub(super) async fn run_batch(
     let started = Instant::now();
     let mut rest = jobs.drain(..);
     while let Some((job, mut attempt)) = rest.next() {
-        if !done.is_empty() && (started.elapsed() >= batching.window() || lanes.stop.is_cancelled())
+        // The rest goes back once the window is spent, on shutdown, and when
+        // another lane seeks work with a slot free: a job that waits here
+        // behind this lane's handlers could start there at once (the pick
+        // that took it saw no lane seeking, but one may have since found
+        // nothing, e.g. in a tail where lanes finish together).
+        if !done.is_empty()
+            && (started.elapsed() >= batching.window()
+                || lanes.stop.is_cancelled()
+                || board.others_seek(false))
         {
             hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
             break;
