@@ -10,6 +10,12 @@
 //! reply), both on one monotonic clock, matched by job id. The job can start
 //! before the enqueuer has read the COMMIT's reply, so a latency can be
 //! slightly negative; it is reported as measured.
+//!
+//! `pg_cpu_ms_per_job` is the CPU time of the server processes serving the
+//! scenario's database (the runner's and the enqueuers' backends; see
+//! `pg_cpu`), from the first enqueue until every job started, per job: what
+//! a job costs the database at this rate. `null` when the server runs on
+//! another machine.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -24,6 +30,7 @@ use serde_json::{json, Value};
 use tokio::time::MissedTickBehavior;
 
 use crate::common::{self, round3, Inputs};
+use crate::pg_cpu;
 use crate::progress;
 
 const DATABASE: &str = "pgfifo_bench_latency";
@@ -100,7 +107,9 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
     STARTS.lock().expect("starts").clear();
 
     progress!("enqueueing {rate} jobs/s for {seconds}s over {groups} groups; {workers} workers");
+    let cpu_before = pg_cpu::Sample::of_database(&mut conn).await;
     drop(conn);
+    let enqueue_url = url.clone();
     // The enqueuer runs on a thread and runtime of its own, so that neither
     // its ticks nor the instant it reads the COMMIT's reply wait for the
     // runner's tasks to yield the shared runtime's threads.
@@ -109,12 +118,13 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?
-            .block_on(enqueue_steadily(&url, rate, seconds, groups, enqueuers))
+            .block_on(enqueue_steadily(&enqueue_url, rate, seconds, groups, enqueuers))
     });
     let Enqueued {
         jobs: enqueued,
         mut call_ms,
         secs: enqueue_secs,
+        server_cpu_s: enqueue_cpu_s,
     } = tokio::task::spawn_blocking(move || enqueuer.join())
         .await
         .map_err(|e| e.to_string())?
@@ -125,6 +135,19 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         enqueued.len()
     );
     wait_for_starts(enqueued.len(), SETTLE).await;
+    // The runner's backends, sampled before its connections close: the
+    // enqueuers sampled their own before they closed.
+    let mut conn = AsyncPgConnection::establish(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let cpu_after = pg_cpu::Sample::of_database(&mut conn).await;
+    drop(conn);
+    let pg_cpu_ms_per_job = match (cpu_before, cpu_after, enqueue_cpu_s) {
+        (Some(before), Some(after), Some(enqueue)) if !enqueued.is_empty() => Some(round3(
+            (after.seconds_since(&before) + enqueue) * 1e3 / enqueued.len() as f64,
+        )),
+        _ => None,
+    };
     runner.shutdown().await.map_err(|e| e.to_string())?;
     drop(pool);
 
@@ -170,14 +193,17 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
         "min_ms": round3(latencies.first().copied().unwrap_or(0.0)),
         "enqueue_call_p50_ms": round3(common::percentile(&call_ms, 0.5)),
         "enqueue_call_p99_ms": round3(common::percentile(&call_ms, 0.99)),
+        "pg_cpu_ms_per_job": pg_cpu_ms_per_job,
         "lost": lost,
         "duplicates": duplicates,
     });
     progress!(
-        "enqueue-commit to start: p50 {} ms, p99 {} ms, max {} ms; lost {lost}, duplicates {duplicates}",
+        "enqueue-commit to start: p50 {} ms, p99 {} ms, max {} ms; \
+         PostgreSQL CPU per job {} ms; lost {lost}, duplicates {duplicates}",
         result["p50_ms"],
         result["p99_ms"],
-        result["max_ms"]
+        result["max_ms"],
+        result["pg_cpu_ms_per_job"]
     );
     Ok(result)
 }
@@ -190,6 +216,9 @@ struct Enqueued {
     call_ms: Vec<f64>,
     /// From the first tick to the last enqueue's return.
     secs: f64,
+    /// The CPU seconds the enqueuers' backends spent (`None`: the server's
+    /// processes cannot be read).
+    server_cpu_s: Option<f64>,
 }
 
 /// Enqueues one job per tick, `rate` ticks a second for `seconds`, in
@@ -222,6 +251,7 @@ async fn enqueue_steadily(
                 let mut conn = AsyncPgConnection::establish(&url)
                     .await
                     .map_err(|e| e.to_string())?;
+                let cpu_before = pg_cpu::Sample::of_session(&mut conn).await;
                 // This lane's share of a fixed schedule: ticks lane, lane + E, …
                 // When an enqueue overruns its slot, the missed ticks are skipped
                 // (not fired in a burst to catch up), so the enqueuers never send
@@ -233,6 +263,7 @@ async fn enqueue_steadily(
                     jobs: Vec::new(),
                     call_ms: Vec::new(),
                     secs: 0.0,
+                    server_cpu_s: None,
                 };
                 let mut n = lane;
                 loop {
@@ -250,6 +281,10 @@ async fn enqueue_steadily(
                     out.call_ms.push((committed - call).as_secs_f64() * 1e3);
                     n += enqueuers;
                 }
+                let cpu_after = pg_cpu::Sample::of_session(&mut conn).await;
+                out.server_cpu_s = cpu_before
+                    .zip(cpu_after)
+                    .map(|(before, after)| after.seconds_since(&before));
                 Ok::<Enqueued, String>(out)
             })
         }));
@@ -258,6 +293,7 @@ async fn enqueue_steadily(
         jobs: Vec::new(),
         call_ms: Vec::new(),
         secs: 0.0,
+        server_cpu_s: Some(0.0),
     };
     for task in tasks {
         let part = task
@@ -265,6 +301,7 @@ async fn enqueue_steadily(
             .map_err(|_| "an enqueuer thread panicked".to_owned())??;
         all.jobs.extend(part.jobs);
         all.call_ms.extend(part.call_ms);
+        all.server_cpu_s = all.server_cpu_s.zip(part.server_cpu_s).map(|(a, b)| a + b);
     }
     all.secs = started.elapsed().as_secs_f64();
     Ok(all)

@@ -18,6 +18,7 @@ mod fifo_groups;
 mod group_controls;
 mod latency;
 mod long_job;
+mod pg_cpu;
 mod status;
 
 use common::Inputs;
