@@ -252,3 +252,30 @@ async fn a_runner_without_idle_lanes_hands_new_groups_to_another() {
     idle.shutdown().await.expect("shutdown");
     busy.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_that_wait_give_their_connections_back_long_before_the_poll() {
+    // Lanes keep their connection for a moment after their work ends, for
+    // the next wake-up; with nothing more to do, the pool must have them
+    // back well before the (60 s) poll, for the application or another
+    // runner on the same pool.
+    let db = TestDb::with_pool_size(8).await;
+    let runner = db.start_runner(config(4).prefetch(0)).await;
+    // Jobs in eight groups wake every lane.
+    for round in 0..3 {
+        let groups: Vec<String> = (0..8).map(|i| format!("p{round}_{i}")).collect();
+        let ids = enqueue_batch(&db, "wakeups_pool", &groups).await;
+        db.wait_jobs_in(&ids, "succeeded", PROMPT).await;
+    }
+    // Every connection but the bookkeeper's, held at once by the test.
+    let mut held = Vec::new();
+    for n in 0..7 {
+        let conn = tokio::time::timeout(Duration::from_secs(3), db.pool.get_owned())
+            .await
+            .unwrap_or_else(|_| panic!("connection {n} of 7 not given back by the idle lanes"))
+            .expect("pooled connection");
+        held.push(conn);
+    }
+    drop(held);
+    runner.shutdown().await.expect("shutdown");
+}

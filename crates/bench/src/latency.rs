@@ -118,7 +118,13 @@ pub async fn run(inputs: &Inputs) -> Result<Value, String> {
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?
-            .block_on(enqueue_steadily(&enqueue_url, rate, seconds, groups, enqueuers))
+            .block_on(enqueue_steadily(
+                &enqueue_url,
+                rate,
+                seconds,
+                groups,
+                enqueuers,
+            ))
     });
     let Enqueued {
         jobs: enqueued,

@@ -308,6 +308,12 @@ impl JobConn {
         self.conn.batch_execute(PING).await
     }
 
+    /// Whether the connection can serve the lane's next pick as it is: no
+    /// transaction is open and nothing says it must be retired.
+    pub(crate) fn reusable(&self) -> bool {
+        !self.in_transaction && !self.must_retire()
+    }
+
     /// Gives the connection back to the pool once its transaction has
     /// ended; a connection to retire (or one whose transaction is still
     /// open) is abandoned instead.

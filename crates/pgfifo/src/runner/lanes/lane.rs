@@ -13,7 +13,7 @@ use tokio::sync::futures::Notified;
 
 use super::batch::{run_batch, Finished};
 use super::batching::Batching;
-use super::conn::{ConnectionLost, JobConn};
+use super::conn::{ConnectionLost, Heard, JobConn};
 use super::{promote_all, Lanes, Seeking};
 use crate::db::runner::{PickRequest, Picked};
 use crate::runner::jitter::{jittered, random_fraction, reconnect_backoff};
@@ -25,6 +25,11 @@ const REST: Duration = Duration::from_millis(100);
 /// How soon a group that `pgfifo.pick` could not declare idle (an enqueue
 /// into it was in flight) is ready again: `advance_head`'s 50 ms.
 const PARKED: Duration = Duration::from_millis(50);
+
+/// How long a lane that waits for work keeps its connection: long enough
+/// for the wake-ups of a steady few hundred jobs a second to find it, short
+/// enough that the pool has it back soon when work stops.
+const KEEP_WHILE_WAITING: Duration = Duration::from_millis(100);
 
 /// A wait for a pooled connection longer than this is logged.
 const SLOW_POOL: Duration = Duration::from_secs(1);
@@ -121,8 +126,13 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
     let prefetch_lane = index >= board.concurrency;
     // Whether this lane's last wait ended with a wake-up.
     let mut woken = false;
+    // The connection kept through a wait that a wake-up ended (see below).
+    let mut kept: Option<JobConn> = None;
     'connection: while !lanes.stop.is_cancelled() {
         if prefetch_lane && board.prefetch_rests() {
+            if let Some(conn) = kept.take() {
+                conn.release().await;
+            }
             // Resting lanes do not wait for wake-ups: they would take them
             // from the lanes that work. A wake-up this lane took goes to a
             // lane that works.
@@ -136,12 +146,29 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
             }
             continue;
         }
-        let Some(pooled) = connection(&lanes).await else {
-            // No connection: it could not start a job now.
-            seeking.set(false);
-            continue;
+        // A kept connection that its driver heard close (a restart, the
+        // server's idle bound) goes, and the pool gives a checked one.
+        let reused = kept.take().map(|mut conn| {
+            (
+                conn.reusable() && matches!(conn.heard(), Heard::Nothing),
+                conn,
+            )
+        });
+        let mut conn = match reused {
+            Some((true, conn)) => conn,
+            Some((false, conn)) => {
+                conn.abandon().await;
+                continue;
+            }
+            None => {
+                let Some(pooled) = connection(&lanes).await else {
+                    // No connection: it could not start a job now.
+                    seeking.set(false);
+                    continue;
+                };
+                JobConn::new(pooled)
+            }
         };
-        let mut conn = JobConn::new(pooled);
         // Registered for wake-ups before each look, so that a notification
         // which arrives while this lane picks is not lost; dropped as soon as
         // a pick finds work, so that wake-ups go to lanes that are idle, not
@@ -201,8 +228,8 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
                 }
             }
         }
-        conn.release().await;
         if prefetch_lane && board.prefetch_rests() && !lanes.stop.is_cancelled() {
+            conn.release().await;
             // Rest (above) without taking a wake-up meant for a working lane;
             // one this lane's registration took already goes on to the next,
             // and so does the work its last pick asked to look again for.
@@ -211,16 +238,49 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
             }
             continue;
         }
-        let notified = waiter.unwrap_or_else(|| register(&lanes));
-        let poll = jittered(lanes.settings.poll_interval);
+        // The connection stays with the lane for the first moments of its
+        // wait: a wake-up then picks at once, without taking a connection
+        // from the pool (whose check on checkout is a round trip of its own:
+        // at a few hundred jobs a second, one per job). Past that moment it
+        // goes back, so that an idle runner does not keep connections the
+        // application (or another runner on the pool) may need.
+        let mut notified = waiter.unwrap_or_else(|| register(&lanes));
+        let poll = tokio::time::sleep(jittered(lanes.settings.poll_interval));
+        let mut poll = std::pin::pin!(poll);
         lane.seeks(&mut seeking);
         board.idle.fetch_add(1, Ordering::SeqCst);
-        woken = tokio::select! {
-            () = notified => true,
-            () = tokio::time::sleep(poll) => false,
-            () = lanes.stop.cancelled() => false,
+        let mut conn = Some(conn);
+        if !conn.as_ref().is_some_and(JobConn::reusable) {
+            if let Some(conn) = conn.take() {
+                conn.release().await;
+            }
+        }
+        woken = loop {
+            let grace = async {
+                match conn {
+                    Some(_) => tokio::time::sleep(KEEP_WHILE_WAITING).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut notified => break true,
+                () = &mut poll => break false,
+                () = lanes.stop.cancelled() => break false,
+                () = grace => {
+                    if let Some(conn) = conn.take() {
+                        conn.release().await;
+                    }
+                }
+            }
         };
         board.idle.fetch_sub(1, Ordering::SeqCst);
+        if let Some(conn) = conn {
+            if woken && !lanes.stop.is_cancelled() {
+                kept = Some(conn);
+            } else {
+                conn.release().await;
+            }
+        }
     }
 }
 

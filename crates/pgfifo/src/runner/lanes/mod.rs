@@ -16,8 +16,10 @@
 //!
 //! # Waiting and waking
 //!
-//! A lane that finds nothing commits, gives its connection back and
-//! **waits** for a wake-up or its poll interval (jittered). A lane registers
+//! A lane that finds nothing commits and **waits** for a wake-up or its
+//! poll interval (jittered). It keeps its connection through a wait that a
+//! wake-up ends (taking one from the pool costs the pool's check, a round
+//! trip, per job at low rates) and gives it back when the poll ends it. A lane registers
 //! for wake-ups before each look, so a wake-up sent while it picks is not
 //! lost, and drops the registration while it runs handlers, so wake-ups go
 //! to lanes that are idle. Who wakes lanes:
