@@ -3,20 +3,19 @@
 //! wake-up will announce, then wait for a wake-up or the poll (see the
 //! module documentation of `lanes`).
 
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::sync::futures::Notified;
 
 use super::batch::{run_batch, Finished};
 use super::batching::Batching;
 use super::conn::{ConnectionLost, Heard, JobConn};
+use super::waiting::{connection, register, wait_for_work, Waiter};
 use super::{promote_all, Lanes, Seeking};
 use crate::db::runner::{PickRequest, Picked};
-use crate::runner::jitter::{jittered, random_fraction, reconnect_backoff};
+use crate::runner::jitter::{random_fraction, reconnect_backoff};
 use crate::runner::outcome::Done;
 
 /// How often a resting prefetch lane looks whether handlers got longer.
@@ -25,17 +24,6 @@ const REST: Duration = Duration::from_millis(100);
 /// How soon a group that `pgfifo.pick` could not declare idle (an enqueue
 /// into it was in flight) is ready again: `advance_head`'s 50 ms.
 const PARKED: Duration = Duration::from_millis(50);
-
-/// How long a lane that waits for work keeps its connection: long enough
-/// for the wake-ups of a steady few hundred jobs a second to find it, short
-/// enough that the pool has it back soon when work stops.
-const KEEP_WHILE_WAITING: Duration = Duration::from_millis(100);
-
-/// A wait for a pooled connection longer than this is logged.
-const SLOW_POOL: Duration = Duration::from_secs(1);
-
-/// A lane's standing order for the next wake-up (`Board::wake`).
-type Waiter<'a> = Pin<Box<Notified<'a>>>;
 
 /// Outcomes written in a lane's transaction whose COMMIT is still to be
 /// sent, and when the work they leave becomes ready by itself (noted for the
@@ -126,7 +114,8 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
     let prefetch_lane = index >= board.concurrency;
     // Whether this lane's last wait ended with a wake-up.
     let mut woken = false;
-    // The connection kept through a wait that a wake-up ended (see below).
+    // The connection kept through a wait that a wake-up ended
+    // (`waiting.rs`).
     let mut kept: Option<JobConn> = None;
     'connection: while !lanes.stop.is_cancelled() {
         if prefetch_lane && board.prefetch_rests() {
@@ -238,89 +227,9 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
             }
             continue;
         }
-        // The connection stays with the lane for the first moments of its
-        // wait: a wake-up then picks at once, without taking a connection
-        // from the pool (whose check on checkout is a round trip of its own:
-        // at a few hundred jobs a second, one per job). Past that moment it
-        // goes back, so that an idle runner does not keep connections the
-        // application (or another runner on the pool) may need.
-        let mut notified = waiter.unwrap_or_else(|| register(&lanes));
-        let poll = tokio::time::sleep(jittered(lanes.settings.poll_interval));
-        let mut poll = std::pin::pin!(poll);
         lane.seeks(&mut seeking);
-        board.idle.fetch_add(1, Ordering::SeqCst);
-        let mut conn = Some(conn);
-        if !conn.as_ref().is_some_and(JobConn::reusable) {
-            if let Some(conn) = conn.take() {
-                conn.release().await;
-            }
-        }
-        woken = loop {
-            let grace = async {
-                match conn {
-                    Some(_) => tokio::time::sleep(KEEP_WHILE_WAITING).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = &mut notified => break true,
-                () = &mut poll => break false,
-                () = lanes.stop.cancelled() => break false,
-                () = grace => {
-                    if let Some(conn) = conn.take() {
-                        conn.release().await;
-                    }
-                }
-            }
-        };
-        board.idle.fetch_sub(1, Ordering::SeqCst);
-        if let Some(conn) = conn {
-            if woken && !lanes.stop.is_cancelled() {
-                kept = Some(conn);
-            } else {
-                conn.release().await;
-            }
-        }
-    }
-}
-
-/// Registers for the next wake-up, or takes the one kept for whoever
-/// registers next.
-fn register(lanes: &Lanes) -> Waiter<'_> {
-    let mut notified = Box::pin(lanes.board.wake.notified());
-    notified.as_mut().enable();
-    notified
-}
-
-/// Takes a connection from the pool, or `None` when stopping or the pool
-/// failed (logged; the caller loops).
-async fn connection(lanes: &Lanes) -> Option<crate::db::PooledConnection> {
-    let started = Instant::now();
-    let result = tokio::select! {
-        result = lanes.pool.get_owned() => result,
-        () = lanes.stop.cancelled() => return None,
-    };
-    let waited = started.elapsed();
-    match result {
-        Ok(conn) => {
-            if waited > SLOW_POOL {
-                tracing::warn!(
-                    waited_ms = waited.as_millis() as u64,
-                    "pgfifo lane waited for a pooled connection: the pool is exhausted \
-                     (size it at least concurrency + prefetch + 4 plus the application's needs)"
-                );
-            }
-            Some(conn)
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, waited_ms = waited.as_millis() as u64,
-                "pgfifo lane: no pooled connection; jobs wait until one is free");
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                () = lanes.stop.cancelled() => {}
-            }
-            None
-        }
+        let notified = waiter.unwrap_or_else(|| register(&lanes));
+        (woken, kept) = wait_for_work(&lanes, notified, conn).await;
     }
 }
 

@@ -68,6 +68,7 @@ mod batching;
 mod conn;
 mod lane;
 mod long;
+mod waiting;
 mod write;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
