@@ -3,6 +3,9 @@
 -- the functions that read them. The functions of the hot path stay: they
 -- touch group controls only while pgfifo.group_control exists.
 DROP FUNCTION IF EXISTS pgfifo.set_group_control(text, text, integer, bigint, integer, integer, integer, boolean);
+DROP FUNCTION IF EXISTS pgfifo.change_group_control(text, text, text[], integer, bigint, integer, integer, integer);
+DROP FUNCTION IF EXISTS pgfifo.apply_group_control(text, text);
+DROP FUNCTION IF EXISTS pgfifo.check_group_control(text, integer, bigint);
 DROP FUNCTION IF EXISTS pgfifo.ensure_slots(text, text, integer);
 DROP FUNCTION IF EXISTS pgfifo.clean_group_controls(integer);
 DROP FUNCTION IF EXISTS pgfifo.take_start_tokens(bigint[], timestamptz);

@@ -104,7 +104,7 @@ pub(crate) async fn check(suite: &mut Suite, pg: &PrivatePg, url: &str, began: I
         })
         .count();
     let interrupted = intervals.iter().filter(|i| i.cut == Cut::Died).count();
-    let long = long_runs::check(suite, &intervals, &lines);
+    let long = long_runs::check(suite, &intervals, &lines, &loaded.log);
     print_release_times(suite, pg, &intervals);
     let poison_aborts = suite
         .fleet

@@ -5,12 +5,14 @@
 //! how many runs a SIGKILL cut off mid-handler, and how soon each of those
 //! jobs started again: the holder's session ends with its process, so the
 //! next pick that meets the group takes it over, without waiting for its
-//! lease.
+//! lease. A run whose success committed before the kill reached its
+//! worker (which then could not record its end) has nothing to run again.
 
 use std::collections::HashSet;
 
 use pgfifo_tests::faults::runs::{Cut, Interval, Line};
 
+use crate::monitor::LogRow;
 use crate::plan::is_long_group;
 use crate::suite::Suite;
 
@@ -20,6 +22,8 @@ pub(crate) struct LongFound {
     pub(crate) jobs: usize,
     /// Their runs cut off by their process's death.
     pub(crate) killed: usize,
+    /// Of those, the runs whose success had committed (no end recorded).
+    pub(crate) killed_after_commit: usize,
     /// For each, seconds from its death to the next start of its job.
     pub(crate) rerun_after: Vec<f64>,
     /// Killed runs whose job never started again.
@@ -27,7 +31,13 @@ pub(crate) struct LongFound {
 }
 
 /// Looks at the long-mode runs that a death cut off.
-pub(crate) fn check(suite: &Suite, intervals: &[Interval], lines: &[Line]) -> LongFound {
+pub(crate) fn check(
+    suite: &Suite,
+    intervals: &[Interval],
+    lines: &[Line],
+    log: &[LogRow],
+) -> LongFound {
+    let committed: HashSet<(i64, i32)> = log.iter().map(|r| (r.job_id, r.attempt)).collect();
     let long_ids: HashSet<i64> = suite
         .jobs
         .iter()
@@ -37,6 +47,7 @@ pub(crate) fn check(suite: &Suite, intervals: &[Interval], lines: &[Line]) -> Lo
     let mut found = LongFound {
         jobs: long_ids.len(),
         killed: 0,
+        killed_after_commit: 0,
         rerun_after: Vec::new(),
         never_rerun: Vec::new(),
     };
@@ -45,6 +56,10 @@ pub(crate) fn check(suite: &Suite, intervals: &[Interval], lines: &[Line]) -> Lo
         .filter(|i| i.cut == Cut::Died && long_ids.contains(&i.run.job))
     {
         found.killed += 1;
+        if committed.contains(&(i.run.job, i.run.attempt as i32)) {
+            found.killed_after_commit += 1;
+            continue;
+        }
         let next = lines
             .iter()
             .filter_map(|l| match l {
@@ -79,9 +94,10 @@ pub(crate) fn summary(found: &LongFound) -> String {
         }
     };
     format!(
-        "long_jobs={} long_killed={} long_rerun_after_kill median={:.2}s max={:.2}s",
+        "long_jobs={} long_killed={} (after their commit: {}) long_rerun_after_kill median={:.2}s max={:.2}s",
         found.jobs,
         found.killed,
+        found.killed_after_commit,
         at(0.5),
         at(1.0)
     )

@@ -28,6 +28,7 @@ mod crashes;
 mod exclusivity_fifo;
 mod group_concurrency;
 mod group_controls;
+mod group_limits_change;
 mod group_slots_sql;
 mod group_weights;
 mod handler_misuse;

@@ -224,6 +224,85 @@ impl GroupLimits {
     }
 }
 
+/// What a change of limits does to one setting (see
+/// [`GroupLimitsChange`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LimitChange<T> {
+    /// Keep what is set.
+    #[default]
+    Keep,
+    /// Unset it: a group then takes its queue's default, a queue's default
+    /// means no limit of that kind.
+    Clear,
+    /// Set it to this value.
+    Set(T),
+}
+
+impl<T: Copy> LimitChange<T> {
+    fn value(self) -> Option<T> {
+        match self {
+            LimitChange::Set(value) => Some(value),
+            LimitChange::Keep | LimitChange::Clear => None,
+        }
+    }
+
+    fn changes(self) -> bool {
+        !matches!(self, LimitChange::Keep)
+    }
+}
+
+/// A change of some of the limits of a group (or of a queue's defaults),
+/// keeping the others: see
+/// [`admin::change_group_limits`](crate::admin::change_group_limits).
+///
+/// ```
+/// use pgfifo::{GroupLimitsChange, LimitChange};
+///
+/// // Four at once; the rate, burst and weight stay as they are.
+/// let change = GroupLimitsChange { concurrency: LimitChange::Set(4), ..Default::default() };
+/// assert_eq!(change.weight, LimitChange::Keep);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupLimitsChange {
+    /// The rate (see [`GroupLimits::rate`]).
+    pub rate: LimitChange<Rate>,
+    /// The burst (see [`GroupLimits::burst`]).
+    pub burst: LimitChange<u32>,
+    /// The concurrency (see [`GroupLimits::concurrency`]).
+    pub concurrency: LimitChange<u32>,
+    /// The weight (see [`GroupLimits::weight`]).
+    pub weight: LimitChange<u32>,
+}
+
+impl GroupLimitsChange {
+    /// The names of the settings it changes, as `pgfifo.change_group_control`
+    /// takes them.
+    pub(crate) fn changed(&self) -> Vec<&'static str> {
+        [
+            ("rate", self.rate.changes()),
+            ("burst", self.burst.changes()),
+            ("concurrency", self.concurrency.changes()),
+            ("weight", self.weight.changes()),
+        ]
+        .into_iter()
+        .filter_map(|(name, changes)| changes.then_some(name))
+        .collect()
+    }
+
+    /// The values it sets (`None` where it clears or keeps), checked as
+    /// [`GroupLimits`] checks them.
+    pub(crate) fn values(&self) -> Result<GroupLimits> {
+        let limits = GroupLimits {
+            rate: self.rate.value(),
+            burst: self.burst.value(),
+            concurrency: self.concurrency.value(),
+            weight: self.weight.value(),
+        };
+        limits.validate()?;
+        Ok(limits)
+    }
+}
+
 fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidArgument(message.into())
 }

@@ -66,7 +66,10 @@ pub mod schedule;
 
 pub use async_trait::async_trait;
 pub use context::JobContext;
-pub use controls::{GroupLimits, Rate, MAX_GROUP_CONCURRENCY, MAX_RATE_COUNT, MAX_RATE_PERIOD};
+pub use controls::{
+    GroupLimits, GroupLimitsChange, LimitChange, Rate, MAX_GROUP_CONCURRENCY, MAX_RATE_COUNT,
+    MAX_RATE_PERIOD,
+};
 pub use db::{connect, connect_with, ConnectOptions, Pool};
 /// The diesel version pgfifo is built on, for handlers that use the job's connection.
 pub use diesel;

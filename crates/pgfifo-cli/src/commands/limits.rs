@@ -5,7 +5,7 @@
 use clap::{ArgGroup, Args, Subcommand};
 use pgfifo::admin::{self, SetLimits};
 use pgfifo::diesel_async::AsyncPgConnection;
-use pgfifo::{GroupLimits, Rate, MAX_GROUP_CONCURRENCY, MAX_RATE_COUNT};
+use pgfifo::{GroupLimitsChange, LimitChange, Rate, MAX_GROUP_CONCURRENCY, MAX_RATE_COUNT};
 use serde::Serialize;
 
 use crate::args::limit;
@@ -125,12 +125,12 @@ pub enum Setting<T> {
 }
 
 impl<T> Setting<T> {
-    /// `current` changed by this setting, when one is given.
-    fn apply(change: Option<Self>, current: Option<T>) -> Option<T> {
-        match change {
-            None => current,
-            Some(Setting::Clear) => None,
-            Some(Setting::To(value)) => Some(value),
+    /// What the library does with this setting, when one is given.
+    fn change(setting: Option<Self>) -> LimitChange<T> {
+        match setting {
+            None => LimitChange::Keep,
+            Some(Setting::Clear) => LimitChange::Clear,
+            Some(Setting::To(value)) => LimitChange::Set(value),
         }
     }
 }
@@ -191,31 +191,20 @@ struct Shown<'a> {
     limits: SetLimits,
 }
 
-/// `pgfifo group set`: reads the settings, changes those given, writes
-/// them back. When no setting is left, the row is removed, which is the
-/// same as a row without settings.
+/// `pgfifo group set`: changes the settings given and keeps the others,
+/// in one statement (two `set`s of different settings at once both hold).
+/// When no setting is left, the row is removed, which is the same as a row
+/// without settings.
 async fn set(conn: &mut AsyncPgConnection, out: Output, args: SetArgs) -> CliResult {
     let queue = args.target.queue.as_str();
     let group = args.target.group.as_deref();
-    let current = admin::limits_of(conn, queue, group).await?;
-    let current = current.unwrap_or_else(|| unset(group));
-    let mut limits = GroupLimits::new();
-    limits.rate = Setting::apply(args.rate, current.rate);
-    limits.burst = Setting::apply(args.burst, current.burst);
-    limits.concurrency = Setting::apply(args.concurrency, current.concurrency);
-    limits.weight = Setting::apply(args.weight, current.weight);
-    let cleared = limits == GroupLimits::new();
-    match group {
-        Some(group) if cleared => {
-            admin::reset_group_limits(conn, queue, group).await?;
-        }
-        Some(group) => admin::set_group_limits(conn, queue, group, limits).await?,
-        None if cleared => {
-            admin::reset_default_group_limits(conn, queue).await?;
-        }
-        None => admin::set_default_group_limits(conn, queue, limits).await?,
-    }
-    let now = admin::limits_of(conn, queue, group).await?;
+    let change = GroupLimitsChange {
+        rate: Setting::change(args.rate),
+        burst: Setting::change(args.burst),
+        concurrency: Setting::change(args.concurrency),
+        weight: Setting::change(args.weight),
+    };
+    let now = admin::change_group_limits(conn, queue, group, change).await?;
     let shown = Shown {
         queue,
         limits: now.unwrap_or_else(|| unset(group)),
@@ -367,9 +356,12 @@ mod tests {
     }
 
     #[test]
-    fn apply_keeps_clears_or_sets() {
-        assert_eq!(Setting::apply(None, Some(3)), Some(3));
-        assert_eq!(Setting::apply(Some(Setting::Clear), Some(3)), None);
-        assert_eq!(Setting::apply(Some(Setting::To(4)), None), Some(4));
+    fn a_setting_left_out_keeps_none_clears_a_value_sets() {
+        assert_eq!(Setting::<u32>::change(None), LimitChange::Keep);
+        assert_eq!(
+            Setting::<u32>::change(Some(Setting::Clear)),
+            LimitChange::Clear
+        );
+        assert_eq!(Setting::change(Some(Setting::To(4))), LimitChange::Set(4));
     }
 }

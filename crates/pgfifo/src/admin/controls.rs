@@ -12,7 +12,7 @@ use crate::db;
 use crate::db::admin::controls::{ControlRow, ControlValues};
 use crate::db::pooler::pinned;
 use crate::names::{validate_group, validate_queue};
-use crate::{Error, GroupLimits, Rate, Result};
+use crate::{Error, GroupLimits, GroupLimitsChange, Rate, Result};
 
 /// Sets the limits of one group of `queue`, replacing those it had; a field
 /// left `None` takes the queue's default. The group need not have had a
@@ -64,6 +64,43 @@ pub async fn reset_group_limits(
 /// none. Returns `false` if there were none.
 pub async fn reset_default_group_limits(conn: &mut AsyncPgConnection, queue: &str) -> Result<bool> {
     reset(conn, queue, None).await
+}
+
+/// Changes some limits of one group of `queue` (`Some(group)`) or of its
+/// defaults (`None`) and keeps the others, in one statement: two changes
+/// of different limits made at once both hold. Returns what is set there
+/// now, `None` when nothing is (a change that clears the last setting
+/// removes the group's own limits, as [`reset_group_limits`] does).
+///
+/// ```no_run
+/// # async fn run(conn: &mut pgfifo::diesel_async::AsyncPgConnection) -> pgfifo::Result<()> {
+/// use pgfifo::{admin, GroupLimitsChange, LimitChange};
+///
+/// // Tenant 42 runs 4 at once from now on; its rate stays as it was.
+/// let change = GroupLimitsChange { concurrency: LimitChange::Set(4), ..Default::default() };
+/// admin::change_group_limits(conn, "sync", Some("tenant-42"), change).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn change_group_limits(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: Option<&str>,
+    change: GroupLimitsChange,
+) -> Result<Option<SetLimits>> {
+    validate_queue(queue)?;
+    if let Some(group) = group {
+        validate_group(group)?;
+    }
+    let limits = change.values()?;
+    let values = control_values(&limits);
+    let changed = change.changed();
+    pinned(conn, async |conn| {
+        let row =
+            db::admin::controls::change_group_control(conn, queue, group, &changed, values).await?;
+        Ok(row.map(set_limits))
+    })
+    .await
 }
 
 /// Limits set in a queue (see [`limits`]).
@@ -130,13 +167,7 @@ async fn set(
 ) -> Result<()> {
     validate_queue(queue)?;
     limits.validate()?;
-    let values = ControlValues {
-        rate_count: limits.rate.map(|rate| rate.count() as i32),
-        rate_period_ms: limits.rate.map(Rate::period_ms),
-        burst: limits.burst.map(|burst| burst as i32),
-        concurrency: limits.concurrency.map(|n| n as i32),
-        weight: limits.weight.map(|n| n as i32),
-    };
+    let values = control_values(&limits);
     pinned(conn, async |conn| {
         db::admin::controls::set_group_control(conn, queue, group, values, false).await?;
         Ok(())
@@ -151,6 +182,17 @@ async fn reset(conn: &mut AsyncPgConnection, queue: &str, group: Option<&str>) -
         Ok(db::admin::controls::set_group_control(conn, queue, group, values, true).await?)
     })
     .await
+}
+
+/// `limits` as the database takes them.
+fn control_values(limits: &GroupLimits) -> ControlValues {
+    ControlValues {
+        rate_count: limits.rate.map(|rate| rate.count() as i32),
+        rate_period_ms: limits.rate.map(Rate::period_ms),
+        burst: limits.burst.map(|burst| burst as i32),
+        concurrency: limits.concurrency.map(|n| n as i32),
+        weight: limits.weight.map(|n| n as i32),
+    }
 }
 
 fn set_limits(row: ControlRow) -> SetLimits {

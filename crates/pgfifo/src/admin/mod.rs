@@ -48,8 +48,8 @@ mod status;
 mod time;
 
 pub use controls::{
-    limits, limits_of, reset_default_group_limits, reset_group_limits, set_default_group_limits,
-    set_group_limits, SetLimits,
+    change_group_limits, limits, limits_of, reset_default_group_limits, reset_group_limits,
+    set_default_group_limits, set_group_limits, SetLimits,
 };
 pub use groups::{group, groups, GroupInfo, GroupOrder, GroupQuery, GroupState};
 pub use jobs::{

@@ -1,8 +1,8 @@
 //! The statements of [`crate::admin`]'s group limits: one call of
-//! `pgfifo.set_group_control` (`db/functions/15_controls.sql`), and reading
-//! the rows it writes.
+//! `pgfifo.set_group_control` or `pgfifo.change_group_control`
+//! (`db/functions/15_controls.sql`), and reading the rows they write.
 
-use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
@@ -46,6 +46,34 @@ pub(crate) async fn set_group_control(
     .get_result(conn)
     .await?;
     Ok(row.found)
+}
+
+/// Changes the limits named in `change` (`"rate"`, `"burst"`,
+/// `"concurrency"`, `"weight"`) of `group` in `queue` (`None`: the queue's
+/// defaults) to `values`, keeping the others, in one statement. Returns the
+/// row as it is now, `None` when nothing is left set (the row is gone).
+pub(crate) async fn change_group_control(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    group: Option<&str>,
+    change: &[&str],
+    values: ControlValues,
+) -> diesel::QueryResult<Option<ControlRow>> {
+    let rows: Vec<ControlRow> = diesel::sql_query(
+        "SELECT group_id, rate_count, rate_period_ms, burst, concurrency, weight \
+         FROM pgfifo.change_group_control($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind::<Text, _>(queue)
+    .bind::<Nullable<Text>, _>(group)
+    .bind::<Array<Text>, _>(change)
+    .bind::<Nullable<Integer>, _>(values.rate_count)
+    .bind::<Nullable<BigInt>, _>(values.rate_period_ms)
+    .bind::<Nullable<Integer>, _>(values.burst)
+    .bind::<Nullable<Integer>, _>(values.concurrency)
+    .bind::<Nullable<Integer>, _>(values.weight)
+    .load(conn)
+    .await?;
+    Ok(rows.into_iter().next())
 }
 
 /// One row of `pgfifo.group_control`: `group_id` is `""` for the queue's

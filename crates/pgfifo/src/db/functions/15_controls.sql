@@ -259,15 +259,71 @@ BEGIN ATOMIC
     ON CONFLICT DO NOTHING;
 END;
 
+-- Refuses a group's limits that no group could have: an empty group name
+-- (NULL names the queue's defaults), a rate without both its count and
+-- its period, a rate of no start at all.
+CREATE OR REPLACE FUNCTION pgfifo.check_group_control(
+    p_group          text,
+    p_rate_count     integer,
+    p_rate_period_ms bigint
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_group = '' THEN
+        RAISE EXCEPTION 'pgfifo set_group_control: the group name is empty (NULL sets the queue''s defaults)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (p_rate_count IS NULL) <> (p_rate_period_ms IS NULL) THEN
+        RAISE EXCEPTION 'pgfifo set_group_control: rate needs both a count and a period'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_rate_count IS NOT NULL AND p_rate_count < 1 THEN
+        RAISE EXCEPTION 'pgfifo set_group_control: rate must allow at least 1 start per period (to stop a group, pause it)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+-- What a change of limits (of group p_group, or with NULL of the queue's
+-- defaults) does to the groups it concerns: slots for those that may now
+-- run more than one job at once, buckets fuller than the new burst cut to
+-- it, and waiting groups woken, so that promote sets their next start by
+-- the new limits (a running job keeps its group row; its completion
+-- applies them).
+CREATE OR REPLACE FUNCTION pgfifo.apply_group_control(p_queue text, p_group text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM pgfifo.ensure_slots(g.queue, g.group_id, l.concurrency)
+    FROM pgfifo.queue_group AS g
+    CROSS JOIN LATERAL pgfifo.group_limits(g.queue, g.group_id) AS l
+    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
+      AND l.concurrency > 1;
+    UPDATE pgfifo.group_bucket AS b SET tokens = r.burst
+    FROM pgfifo.group_bucket AS o
+    CROSS JOIN LATERAL pgfifo.group_limits(o.queue, o.group_id) AS r
+    WHERE b.queue = o.queue AND b.group_id = o.group_id
+      AND o.queue = p_queue AND (p_group IS NULL OR o.group_id = p_group)
+      AND r.burst IS NOT NULL AND o.tokens > r.burst;
+    INSERT INTO pgfifo.group_wake (queue, group_id)
+    SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
+    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
+      AND g.ready_at > now();
+    IF FOUND THEN
+        PERFORM pg_notify('pgfifo_groups', p_queue);
+    END IF;
+END
+$$;
+
 -- Sets a group's limits (p_group NULL: the queue's defaults for all its
 -- groups), replacing what was set there before. NULL values inherit (from
 -- the queue's defaults) or, for the defaults, mean no limit. With
 -- p_reset, the row is deleted instead: the group goes back to its queue's
--- defaults, or the queue to no limits.
---
--- Waiting groups are woken, so that promote sets their next start by the
--- new limits (a running job keeps its group row; its completion applies
--- them). Returns whether a row was there before.
+-- defaults, or the queue to no limits. Returns whether a row was there
+-- before.
 CREATE OR REPLACE FUNCTION pgfifo.set_group_control(
     p_queue          text,
     p_group          text,
@@ -285,18 +341,7 @@ DECLARE
     v_key   text := coalesce(p_group, '');
     v_found boolean;
 BEGIN
-    IF p_group = '' THEN
-        RAISE EXCEPTION 'pgfifo set_group_control: the group name is empty (NULL sets the queue''s defaults)'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF (p_rate_count IS NULL) <> (p_rate_period_ms IS NULL) THEN
-        RAISE EXCEPTION 'pgfifo set_group_control: rate needs both a count and a period'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF p_rate_count IS NOT NULL AND p_rate_count < 1 THEN
-        RAISE EXCEPTION 'pgfifo set_group_control: rate must allow at least 1 start per period (to stop a group, pause it)'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM pgfifo.check_group_control(p_group, p_rate_count, p_rate_period_ms);
     SELECT true INTO v_found FROM pgfifo.group_control AS c
     WHERE c.queue = p_queue AND c.group_id = v_key FOR UPDATE;
     IF p_reset THEN
@@ -310,27 +355,74 @@ BEGIN
             burst = excluded.burst, concurrency = excluded.concurrency,
             weight = excluded.weight, updated_at = now();
     END IF;
-    -- Slots for the groups that may now run more than one job at once.
-    PERFORM pgfifo.ensure_slots(g.queue, g.group_id, l.concurrency)
-    FROM pgfifo.queue_group AS g
-    CROSS JOIN LATERAL pgfifo.group_limits(g.queue, g.group_id) AS l
-    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
-      AND l.concurrency > 1;
-    -- A bucket fuller than the new burst keeps only the burst.
-    UPDATE pgfifo.group_bucket AS b SET tokens = r.burst
-    FROM pgfifo.group_bucket AS o
-    CROSS JOIN LATERAL pgfifo.group_limits(o.queue, o.group_id) AS r
-    WHERE b.queue = o.queue AND b.group_id = o.group_id
-      AND o.queue = p_queue AND (p_group IS NULL OR o.group_id = p_group)
-      AND r.burst IS NOT NULL AND o.tokens > r.burst;
-    INSERT INTO pgfifo.group_wake (queue, group_id)
-    SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
-    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
-      AND g.ready_at > now();
-    IF FOUND THEN
-        PERFORM pg_notify('pgfifo_groups', p_queue);
-    END IF;
+    PERFORM pgfifo.apply_group_control(p_queue, p_group);
     RETURN coalesce(v_found, false);
+END
+$$;
+
+-- Changes some of a group's limits (p_group NULL: the queue's defaults)
+-- and keeps the others, in one statement: p_change names those that
+-- change ('rate', 'burst', 'concurrency', 'weight'), to the values given
+-- (NULL: unset). Two changes of different limits at once both hold (the
+-- second waits for the first's row, then changes the row it left). A row
+-- left with nothing set is deleted: that is the same as no row. Returns
+-- the row as it is now, or nothing when it was deleted.
+CREATE OR REPLACE FUNCTION pgfifo.change_group_control(
+    p_queue          text,
+    p_group          text,
+    p_change         text[],
+    p_rate_count     integer,
+    p_rate_period_ms bigint,
+    p_burst          integer,
+    p_concurrency    integer,
+    p_weight         integer
+)
+RETURNS TABLE (group_id text, rate_count integer, rate_period_ms bigint, burst integer,
+               concurrency integer, weight integer)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_key  text := coalesce(p_group, '');
+    v_rate boolean := 'rate' = ANY (p_change);
+    v_row  pgfifo.group_control;
+    v_bad  text;
+BEGIN
+    SELECT c INTO v_bad FROM unnest(p_change) AS c
+    WHERE c NOT IN ('rate', 'burst', 'concurrency', 'weight') LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfifo change_group_control: % is not a limit (rate, burst, concurrency, weight)', v_bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pgfifo.check_group_control(p_group, p_rate_count, p_rate_period_ms);
+    INSERT INTO pgfifo.group_control AS c
+        (queue, group_id, rate_count, rate_period_ms, burst, concurrency, weight)
+    VALUES (p_queue, v_key,
+            CASE WHEN v_rate THEN p_rate_count END,
+            CASE WHEN v_rate THEN p_rate_period_ms END,
+            CASE WHEN 'burst' = ANY (p_change) THEN p_burst END,
+            CASE WHEN 'concurrency' = ANY (p_change) THEN p_concurrency END,
+            CASE WHEN 'weight' = ANY (p_change) THEN p_weight END)
+    ON CONFLICT ON CONSTRAINT group_control_pkey DO UPDATE
+    SET rate_count = CASE WHEN v_rate THEN excluded.rate_count ELSE c.rate_count END,
+        rate_period_ms = CASE WHEN v_rate THEN excluded.rate_period_ms ELSE c.rate_period_ms END,
+        burst = CASE WHEN 'burst' = ANY (p_change) THEN excluded.burst ELSE c.burst END,
+        concurrency = CASE WHEN 'concurrency' = ANY (p_change) THEN excluded.concurrency
+                           ELSE c.concurrency END,
+        weight = CASE WHEN 'weight' = ANY (p_change) THEN excluded.weight ELSE c.weight END,
+        updated_at = now()
+    RETURNING c.* INTO v_row;
+    IF num_nulls(v_row.rate_count, v_row.burst, v_row.concurrency, v_row.weight) = 4 THEN
+        DELETE FROM pgfifo.group_control AS c WHERE c.queue = p_queue AND c.group_id = v_key;
+    ELSE
+        group_id := v_row.group_id;
+        rate_count := v_row.rate_count;
+        rate_period_ms := v_row.rate_period_ms;
+        burst := v_row.burst;
+        concurrency := v_row.concurrency;
+        weight := v_row.weight;
+        RETURN NEXT;
+    END IF;
+    PERFORM pgfifo.apply_group_control(p_queue, p_group);
 END
 $$;
 
