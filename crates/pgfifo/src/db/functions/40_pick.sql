@@ -6,7 +6,9 @@
 
 -- Picks up to p_limit jobs to run, of different groups, and locks them;
 -- then, if that left no other work ready, up to p_batch jobs in all by
--- taking the next jobs of the groups it took (followers, below). Called as
+-- taking the next jobs of the groups it took (followers, below; p_batch is
+-- an argument of the overload at the end of this file, which passes it in
+-- the transaction-local setting pgfifo.pick_batch). Called as
 -- the first statement of the runner's job transaction T, after BEGIN. The
 -- jobs then run one after another in T, in the order returned (see the
 -- runner's lanes for when several share T).
@@ -112,8 +114,7 @@ CREATE OR REPLACE FUNCTION pgfifo.pick(
     p_idle_ms         integer[],
     p_default_idle_ms integer,
     p_limit           integer,
-    p_held            bigint[],
-    p_batch           integer
+    p_held            bigint[] DEFAULT '{}'
 )
 RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
                max_attempts integer, slot integer, more boolean)
@@ -133,7 +134,9 @@ DECLARE
     v_n       integer := cardinality(p_queues);
     v_turn    bigint := p_turn::bigint & 2147483647;
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
-    v_batch   integer := greatest(coalesce(p_batch, 1), coalesce(p_limit, 1), 1);
+    -- Set by the pick with p_batch (below); unset for callers of this one.
+    v_batch   integer := greatest(coalesce(nullif(current_setting('pgfifo.pick_batch', true), '')::integer, 1),
+                                  coalesce(p_limit, 1), 1);
     v_follow  bigint[] := '{}';
     v_heads   integer;
     v_f       record;
@@ -629,10 +632,13 @@ BEGIN
 END
 $$;
 
--- The pick of pgfifo 0.1.0 and of the 0.2.0 builds before followers (same
--- arguments, without p_batch): never takes followers, since those runners
--- run the jobs of one pick as jobs of different groups. Kept while runners
--- of those releases may still call it (docs/upgrading.md).
+-- The pick with followers: up to p_limit jobs of different groups, then
+-- up to p_batch jobs in all with the next jobs of their groups (see
+-- "Followers" above). The runner of this release calls this one; the pick
+-- above, which takes no followers unless told so, is the one that pgfifo
+-- 0.1.0 calls, and the one that does the work, so that reverting the
+-- migrations (which drops this overload, see 0007's down.sql) leaves it
+-- whole for that release.
 CREATE OR REPLACE FUNCTION pgfifo.pick(
     p_queues          text[],
     p_turn            integer,
@@ -641,12 +647,18 @@ CREATE OR REPLACE FUNCTION pgfifo.pick(
     p_idle_ms         integer[],
     p_default_idle_ms integer,
     p_limit           integer,
-    p_held            bigint[] DEFAULT '{}'
+    p_held            bigint[],
+    p_batch           integer
 )
 RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
                max_attempts integer, slot integer, more boolean)
-LANGUAGE sql
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
-    SELECT * FROM pgfifo.pick(p_queues, p_turn, p_slot, p_kinds, p_idle_ms, p_default_idle_ms,
-                              p_limit, p_held, p_limit)
+BEGIN
+    PERFORM set_config('pgfifo.pick_batch', p_batch::text, true);
+    RETURN QUERY SELECT * FROM pgfifo.pick(p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
+                                           p_default_idle_ms, p_limit, p_held);
+    PERFORM set_config('pgfifo.pick_batch', '', true);
+END
 $$;
