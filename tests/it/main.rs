@@ -31,6 +31,8 @@ mod group_controls;
 mod group_slots_sql;
 mod group_weights;
 mod handler_misuse;
+mod hot_groups;
+mod hot_groups_sql;
 mod long_mode;
 mod retries;
 mod schedules;

@@ -134,9 +134,9 @@ DECLARE
     v_n       integer := cardinality(p_queues);
     v_turn    bigint := p_turn::bigint & 2147483647;
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
-    -- Set by the pick with p_batch (below); unset for callers of this one.
-    v_batch   integer := greatest(coalesce(nullif(current_setting('pgfifo.pick_batch', true), '')::integer, 1),
-                                  coalesce(p_limit, 1), 1);
+    -- Set by the pick with p_batch (below). Unset for callers of this one,
+    -- which run a pick's jobs as jobs of different groups: no followers.
+    v_batch   integer := coalesce(nullif(current_setting('pgfifo.pick_batch', true), '')::integer, 0);
     v_follow  bigint[] := '{}';
     v_heads   integer;
     v_f       record;
