@@ -32,6 +32,7 @@ mod group_slots_sql;
 mod group_weights;
 mod handler_misuse;
 mod hot_groups;
+mod hot_groups_cut;
 mod hot_groups_sql;
 mod long_mode;
 mod retries;

@@ -56,7 +56,7 @@ use tracing::Instrument;
 
 use super::attempt::{run_attempt, Decided};
 use super::batching::Batching;
-use super::conn::{ConnectionLost, Heard, JobConn};
+use super::conn::{ConnectionLost, JobConn};
 use super::long;
 use super::write::{write, Written};
 use super::Lanes;
@@ -222,16 +222,8 @@ pub(super) async fn run_batch(
             // The connection may have died while it waited (a killed
             // backend, a restart, the idle bound): another runner may already
             // run these jobs. No handler starts unless the connection is
-            // known to be alive: by what its driver heard (no round trip),
-            // or else by a round trip. Yielding first lets the runtime read
-            // the sockets, so an error already in this one is heard.
-            tokio::task::yield_now().await;
-            let alive = match conn.heard() {
-                Heard::Nothing => Ok(()),
-                Heard::Closed => Err("the connection closed".to_owned()),
-                Heard::Unsure => conn.ping().await.map_err(|e| e.to_string()),
-            };
-            if let Err(err) = alive {
+            // known to be alive.
+            if let Err(err) = conn.alive().await {
                 hand_back(lanes, jobs).await;
                 return Err(ConnectionLost(format!(
                     "the connection of prefetched jobs failed before they started: {err}"
@@ -269,6 +261,18 @@ pub(super) async fn run_batch(
         {
             hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
             break;
+        }
+        // Nor after the connection died under the handlers before (its
+        // backend was ended, the server restarted): the transaction is gone
+        // with its locks, and another lane may be running this job's group
+        // already, from its head.
+        if !done.is_empty() {
+            if let Err(err) = conn.alive().await {
+                hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
+                return Err(ConnectionLost(format!(
+                    "the connection of a batch failed before its next job started: {err}"
+                )));
+            }
         }
         if deferred.contains(&(job.id, job.max_attempts)) {
             match lanes

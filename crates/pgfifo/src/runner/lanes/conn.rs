@@ -303,6 +303,19 @@ impl JobConn {
         }
     }
 
+    /// Whether the connection still holds its transaction, before a
+    /// handler starts: by what its driver heard (no round trip), or else by
+    /// a round trip. Yielding first lets the runtime read the sockets, so
+    /// an error already in this one is heard.
+    pub(crate) async fn alive(&mut self) -> Result<(), String> {
+        tokio::task::yield_now().await;
+        match self.heard() {
+            Heard::Nothing => Ok(()),
+            Heard::Closed => Err("the connection closed".to_owned()),
+            Heard::Unsure => self.ping().await.map_err(|e| e.to_string()),
+        }
+    }
+
     /// A round trip that proves the connection alive.
     pub(crate) async fn ping(&mut self) -> Result<(), diesel::result::Error> {
         self.conn.batch_execute(PING).await
