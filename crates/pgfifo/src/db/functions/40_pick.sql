@@ -90,7 +90,8 @@
 -- concurrency was just lowered, still running in its slot). Only for
 -- groups held by their row (concurrency 1) without a rate limit: a slot
 -- group's jobs are taken one per pick, and a rate limit takes its tokens
--- one start at a time. A follower is locked FOR UPDATE like its head and
+-- one start at a time; and not after groups were passed by for their
+-- weights (the caller looks again for those). A follower is locked FOR UPDATE like its head and
 -- returned after every head, its group's in id order; T holds the group
 -- row throughout, so nobody else can start any of them. The runner runs a
 -- follower only once every earlier job of its group has succeeded, and

@@ -223,7 +223,7 @@ pub(super) async fn run_batch(
             // backend, a restart, the idle bound): another runner may already
             // run these jobs. No handler starts unless the connection is
             // known to be alive.
-            if let Err(err) = conn.alive().await {
+            if let Err(err) = conn.alive(true).await {
                 hand_back(lanes, jobs).await;
                 return Err(ConnectionLost(format!(
                     "the connection of prefetched jobs failed before they started: {err}"
@@ -267,7 +267,7 @@ pub(super) async fn run_batch(
         // with its locks, and another lane may be running this job's group
         // already, from its head.
         if !done.is_empty() {
-            if let Err(err) = conn.alive().await {
+            if let Err(err) = conn.alive(false).await {
                 hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
                 return Err(ConnectionLost(format!(
                     "the connection of a batch failed before its next job started: {err}"
