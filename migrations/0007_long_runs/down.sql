@@ -8,10 +8,6 @@ DROP FUNCTION IF EXISTS pgfifo.release_long_run(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.renew_long_runs(bigint[], integer);
 DROP FUNCTION IF EXISTS pgfifo.long_run_free(text, text, bigint);
 DROP FUNCTION IF EXISTS pgfifo.long_run_key(text, text, bigint);
--- The pick with followers (hot groups, 40_pick.sql), added after this
--- migration without a schema change of its own: the runners it belongs to
--- need this version. The pick of 0.1.0 stays, and takes no followers.
-DROP FUNCTION IF EXISTS pgfifo.pick(text[], integer, integer, text[], integer[], integer, integer, bigint[], integer);
 -- Groups marked as held by a long run become ready again.
 UPDATE pgfifo.queue_group SET ready_at = now() WHERE ready_at = '-infinity';
 DROP TABLE IF EXISTS pgfifo.job_run;

@@ -32,16 +32,19 @@ async fn promote(db: &TestDb) {
 }
 
 /// Opens a job transaction on `conn` and picks up to `limit` jobs of
-/// different groups, `batch` in all; the transaction stays open.
+/// different groups, `batch` in all (the setting in the same statement, as
+/// the runner does); the transaction stays open.
 async fn pick(conn: &mut AsyncPgConnection, limit: i32, batch: i32) -> Vec<Picked> {
     conn.batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
         .await
         .expect("begin");
     diesel::sql_query(format!(
-        "SELECT id, more FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, $1, '{{}}', $2)"
+        "SELECT id, more FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS b) AS s \
+         CROSS JOIN LATERAL pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, $2, \
+                                        CASE WHEN s.b IS NOT NULL THEN '{{}}'::bigint[] END)"
     ))
-    .bind::<diesel::sql_types::Integer, _>(limit)
     .bind::<diesel::sql_types::Integer, _>(batch)
+    .bind::<diesel::sql_types::Integer, _>(limit)
     .load(conn)
     .await
     .expect("pick")
@@ -103,7 +106,7 @@ async fn a_pick_takes_the_next_jobs_of_its_group_up_to_its_batch() {
     );
     assert!(picked.iter().all(|p| !p.more));
     conn.batch_execute("ROLLBACK").await.expect("rollback");
-    // Without a batch (the pick 0.1.0 calls), one job.
+    // Without the setting (as 0.1.0's runners call it), one job.
     conn.batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
         .await
         .expect("begin");

@@ -82,9 +82,15 @@ struct PickRow {
     backend_pid: i32,
 }
 
-const PICK: &str = "SELECT id, queue, group_id, kind, payload, max_attempts, slot, more, \
-                           pg_backend_pid() AS backend_pid \
-                    FROM pgfifo.pick($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+/// The batch (`$1`) goes to `pick` in the transaction-local setting
+/// `pgfifo.pick_batch` (0.1.0's runners call the same function without
+/// it), set in this statement: `pick`'s last argument depends on the
+/// setting's value, so the call cannot come before it.
+const PICK: &str = "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
+                           p.more, pg_backend_pid() AS backend_pid \
+                    FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch) AS s \
+                    CROSS JOIN LATERAL pgfifo.pick($2, $3, $4, $5, $6, $7, $8, \
+                                                   CASE WHEN s.batch IS NOT NULL THEN $9 END) AS p";
 
 /// What a pick asks for.
 #[derive(Debug)]
@@ -121,6 +127,7 @@ pub(crate) async fn pick(
     let rows: Vec<PickRow> = cached(
         PICK,
         (
+            bind::<Integer, _>(request.batch),
             bind::<Array<Text>, _>(request.queues),
             bind::<Integer, _>(request.turn),
             bind::<Integer, _>(request.sweep_from),
@@ -129,7 +136,6 @@ pub(crate) async fn pick(
             bind::<Integer, _>(request.idle.default_idle_ms),
             bind::<Integer, _>(request.limit),
             bind::<Array<BigInt>, _>(request.held_elsewhere),
-            bind::<Integer, _>(request.batch),
         ),
     )
     .load(&mut conn)

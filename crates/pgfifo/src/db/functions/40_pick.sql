@@ -5,10 +5,12 @@
 -- how a change of arguments or result type is made.
 
 -- Picks up to p_limit jobs to run, of different groups, and locks them;
--- then, if that left no other work ready, up to p_batch jobs in all by
--- taking the next jobs of the groups it took (followers, below; p_batch is
--- an argument of the overload at the end of this file, which passes it in
--- the transaction-local setting pgfifo.pick_batch). Called as
+-- then, if that left no other work ready, up to pgfifo.pick_batch jobs in
+-- all by taking the next jobs of the groups it took (followers, below).
+-- pgfifo.pick_batch is a transaction-local setting the caller sets in the
+-- statement that calls pick (a runner of 0.1.0 does not set it, and gets
+-- no followers: it runs a pick's jobs as jobs of different groups; the
+-- arguments stay 0.1.0's, see docs/upgrading.md). Called as
 -- the first statement of the runner's job transaction T, after BEGIN. The
 -- jobs then run one after another in T, in the order returned (see the
 -- runner's lanes for when several share T).
@@ -82,7 +84,7 @@
 -- Followers. A group with a backlog of quick jobs runs one job at a time
 -- whatever the workers: its speed is that of one job's transaction. So a
 -- pick that took every free group it could (the walk ran out of candidates:
--- `more` is false) and has room left under p_batch also takes the jobs that
+-- `more` is false) and has room left under pgfifo.pick_batch also takes the jobs that
 -- come next in the groups it took, when they may start now: in id order,
 -- right behind the head, stopping at the first that is not queued, waits
 -- for its time (a delay), has another priority than the head, or is locked
@@ -135,8 +137,7 @@ DECLARE
     v_n       integer := cardinality(p_queues);
     v_turn    bigint := p_turn::bigint & 2147483647;
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
-    -- Set by the pick with p_batch (below). Unset for callers of this one,
-    -- which run a pick's jobs as jobs of different groups: no followers.
+    -- Unset (0.1.0's runners): no followers.
     v_batch   integer := coalesce(nullif(current_setting('pgfifo.pick_batch', true), '')::integer, 0);
     v_follow  bigint[] := '{}';
     v_heads   integer;
@@ -630,36 +631,5 @@ BEGIN
     IF v_count > 0 THEN
         PERFORM set_config('idle_in_transaction_session_timeout', v_idle::text, true);
     END IF;
-END
-$$;
-
--- The pick with followers: up to p_limit jobs of different groups, then
--- up to p_batch jobs in all with the next jobs of their groups (see
--- "Followers" above). The runner of this release calls this one; the pick
--- above, which takes no followers unless told so, is the one that pgfifo
--- 0.1.0 calls, and the one that does the work, so that reverting the
--- migrations (which drops this overload, see 0007's down.sql) leaves it
--- whole for that release.
-CREATE OR REPLACE FUNCTION pgfifo.pick(
-    p_queues          text[],
-    p_turn            integer,
-    p_slot            integer,
-    p_kinds           text[],
-    p_idle_ms         integer[],
-    p_default_idle_ms integer,
-    p_limit           integer,
-    p_held            bigint[],
-    p_batch           integer
-)
-RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
-               max_attempts integer, slot integer, more boolean)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-BEGIN
-    PERFORM set_config('pgfifo.pick_batch', p_batch::text, true);
-    RETURN QUERY SELECT * FROM pgfifo.pick(p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
-                                           p_default_idle_ms, p_limit, p_held);
-    PERFORM set_config('pgfifo.pick_batch', '', true);
 END
 $$;

@@ -69,6 +69,7 @@ DECLARE
     v_row_ready timestamptz;
     v_lim      record;
     v_superseded bigint[] := '{}';
+    v_dup      boolean := false;
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
@@ -168,7 +169,13 @@ BEGIN
     -- Jobs followed in this call by a later job of their group: the group's
     -- head moves (or stays) by its last job alone, and only a success may
     -- be followed.
-    IF v_n > 1 THEN
+    -- (Array expressions first, without an executor: most calls have jobs
+    -- of different groups only.)
+    FOR v_i IN 2 .. v_n LOOP
+        v_dup := coalesce(p_groups[v_i] = ANY (p_groups[1:v_i - 1]), false);
+        EXIT WHEN v_dup;
+    END LOOP;
+    IF v_dup THEN
         SELECT coalesce(array_agg(t.id), '{}') INTO v_superseded
         FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(id, outcome, q, grp)
         WHERE t.grp IS NOT NULL
