@@ -33,10 +33,19 @@ pub(crate) struct PickedJob {
     pub backend_pid: i32,
 }
 
+impl PickedJob {
+    /// Whether `other` is of the same group (ungrouped jobs have none).
+    pub(crate) fn same_group(&self, other: &PickedJob) -> bool {
+        self.group_id.is_some() && self.group_id == other.group_id && self.queue == other.queue
+    }
+}
+
 /// What a pick found.
 #[derive(Debug)]
 pub(crate) enum Picked {
-    /// Jobs to run, of different groups, each locked.
+    /// Jobs to run, each locked: the heads of different groups, then the
+    /// followers of some (their groups' next jobs, in order; see
+    /// `pgfifo.pick`).
     Jobs {
         jobs: Vec<PickedJob>,
         /// The pick stopped before it ran out of candidates (at its limit or
@@ -73,9 +82,15 @@ struct PickRow {
     backend_pid: i32,
 }
 
-const PICK: &str = "SELECT id, queue, group_id, kind, payload, max_attempts, slot, more, \
-                           pg_backend_pid() AS backend_pid \
-                    FROM pgfifo.pick($1, $2, $3, $4, $5, $6, $7, $8)";
+/// The batch (`$1`) goes to `pick` in the transaction-local setting
+/// `pgfifo.pick_batch` (0.1.0's runners call the same function without
+/// it), set in this statement: `pick`'s last argument depends on the
+/// setting's value, so the call cannot come before it.
+const PICK: &str = "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
+                           p.more, pg_backend_pid() AS backend_pid \
+                    FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch) AS s \
+                    CROSS JOIN LATERAL pgfifo.pick($2, $3, $4, $5, $6, $7, $8, \
+                                                   CASE WHEN s.batch IS NOT NULL THEN $9 END) AS p";
 
 /// What a pick asks for.
 #[derive(Debug)]
@@ -86,7 +101,11 @@ pub(crate) struct PickRequest<'a> {
     /// Where the round-robin sweep over the groups continues.
     pub sweep_from: i32,
     pub idle: &'a IdleBounds,
+    /// The most jobs of different groups.
     pub limit: i32,
+    /// The most jobs in all, followers included (at least `limit`; the
+    /// same means none).
+    pub batch: i32,
     /// Jobs the caller's other lanes hold (not work left for later).
     pub held_elsewhere: &'a [i64],
     /// Whether the caller can start a handler at once (a permit is free):
@@ -95,8 +114,9 @@ pub(crate) struct PickRequest<'a> {
     pub start_at_once: bool,
 }
 
-/// Locks and returns up to `limit` jobs of `queues`, of different groups, in
-/// the caller's transaction. See `pgfifo.pick` for the locking contract.
+/// Locks and returns up to `limit` jobs of `queues`, of different groups,
+/// and their groups' next jobs up to `batch` in all, in the caller's
+/// transaction. See `pgfifo.pick` for the locking contract.
 ///
 /// Takes a shared reference so that it can be pipelined behind the previous
 /// jobs' `COMMIT; BEGIN` (see the lanes).
@@ -107,6 +127,7 @@ pub(crate) async fn pick(
     let rows: Vec<PickRow> = cached(
         PICK,
         (
+            bind::<Integer, _>(request.batch),
             bind::<Array<Text>, _>(request.queues),
             bind::<Integer, _>(request.turn),
             bind::<Integer, _>(request.sweep_from),

@@ -109,7 +109,11 @@ pub struct RunnerConfig {
     /// off). A worker picks the heads of several free groups at once and
     /// runs their handlers one after another in one transaction, with one
     /// completion statement and one commit for all, while handlers are
-    /// short and leave the job's connection alone. A handler that takes
+    /// short and leave the job's connection alone. When no other group is
+    /// ready, it also takes the next jobs of the groups it took, so that a
+    /// group with a backlog of quick jobs runs up to this many per
+    /// transaction, in order, each started once the one before it
+    /// succeeded. A handler that takes
     /// [`JobContext::conn`](crate::JobContext::conn) always ends its
     /// transaction's batch, so jobs that write through it never share a
     /// transaction with another job's writes. See `docs/performance.md`.

@@ -4,10 +4,16 @@
 -- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
 -- how a change of arguments or result type is made.
 
--- Picks up to p_limit jobs to run, of different groups, and locks them.
--- Called as the first statement of the runner's job transaction T, after
--- BEGIN. The jobs then run one after another in T (each handler in its own
--- savepoint; see the runner's execute module for when several share T).
+-- Picks up to p_limit jobs to run, of different groups, and locks them;
+-- then, if that left no other work ready, up to pgfifo.pick_batch jobs in
+-- all by taking the next jobs of the groups it took (followers, below).
+-- pgfifo.pick_batch is a transaction-local setting the caller sets in the
+-- statement that calls pick (a runner of 0.1.0 does not set it, and gets
+-- no followers: it runs a pick's jobs as jobs of different groups; the
+-- arguments stay 0.1.0's, see docs/upgrading.md). Called as
+-- the first statement of the runner's job transaction T, after BEGIN. The
+-- jobs then run one after another in T, in the order returned (see the
+-- runner's lanes for when several share T).
 --
 -- Locking contract: for every row with a job id returned, T holds
 --   * FOR UPDATE on the job's queue_group row (grouped jobs): no other runner
@@ -75,6 +81,26 @@
 -- busy while its holder's session lives, and reclaimed in T (its run row
 -- deleted, the job a queued head again) once it is gone.
 --
+-- Followers. A group with a backlog of quick jobs runs one job at a time
+-- whatever the workers: its speed is that of one job's transaction. So a
+-- pick that took every free group it could (the walk ran out of candidates:
+-- `more` is false) and has room left under pgfifo.pick_batch also takes the jobs that
+-- come next in the groups it took, when they may start now: in id order,
+-- right behind the head, stopping at the first that is not queued, waits
+-- for its time (a delay), has another priority than the head, or is locked
+-- by someone else (an operator's transaction; a job of a group whose
+-- concurrency was just lowered, still running in its slot). Only for
+-- groups held by their row (concurrency 1) without a rate limit: a slot
+-- group's jobs are taken one per pick, and a rate limit takes its tokens
+-- one start at a time; and not after groups were passed by for their
+-- weights (the caller looks again for those). A follower is locked FOR UPDATE like its head and
+-- returned after every head, its group's in id order; T holds the group
+-- row throughout, so nobody else can start any of them. The runner runs a
+-- follower only once every earlier job of its group has succeeded, and
+-- hands it back otherwise (see pgfifo.complete for how several jobs of one
+-- group are completed). Followers never change `more`: their group's next
+-- job is reported by complete.
+--
 -- A worker that stops without closing its connection (frozen by SIGSTOP, a
 -- stalled VM) would hold its groups forever. pick therefore bounds how long T
 -- may sit idle: p_idle_ms[i] for jobs of kind p_kinds[i], p_default_idle_ms
@@ -111,6 +137,12 @@ DECLARE
     v_n       integer := cardinality(p_queues);
     v_turn    bigint := p_turn::bigint & 2147483647;
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
+    -- Unset (0.1.0's runners): no followers.
+    v_batch   integer := coalesce(nullif(current_setting('pgfifo.pick_batch', true), '')::integer, 0);
+    v_follow  bigint[] := '{}';
+    v_heads   integer;
+    v_f       record;
+    v_lead    pgfifo.job;
     v_count   integer := 0;
     v_ids     bigint[] := '{}';
     v_jobs    pgfifo.job[] := '{}';
@@ -490,6 +522,12 @@ BEGIN
                             v_slots := v_slots || v_group.slot;
                             v_ids := v_ids || v_job.id;
                             v_count := v_count + 1;
+                            -- Its next jobs may follow it (see "Followers").
+                            IF NOT v_controlled THEN
+                                v_follow := v_follow || v_job.id;
+                            ELSIF v_conc = 1 AND v_lim.rate_count IS NULL THEN
+                                v_follow := v_follow || v_job.id;
+                            END IF;
                             EXIT queues WHEN v_count >= v_limit;
                         END LOOP;
                     END LOOP;
@@ -541,6 +579,35 @@ BEGIN
                           WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
                             AND j.state = 'queued' AND j.run_after <= v_now
                             AND NOT j.id = ANY (v_ids));
+    END IF;
+    -- Followers: only when no other work was left ready (see above).
+    -- Each candidate is read without a lock, in a statement whose snapshot
+    -- is taken after the group's lock, then locked by key; the first that
+    -- cannot be taken ends its group's followers (none may be skipped).
+    IF NOT v_more AND NOT v_passed AND v_count < v_batch AND cardinality(v_follow) > 0 THEN
+        v_heads := v_count;
+        <<follow>>
+        FOR v_i IN 1 .. v_heads LOOP
+            v_lead := v_jobs[v_i];
+            CONTINUE WHEN NOT v_lead.id = ANY (v_follow);
+            FOR v_f IN
+                SELECT j.id FROM pgfifo.job AS j
+                WHERE j.queue = v_lead.queue AND j.group_id = v_lead.group_id
+                  AND j.state = 'queued' AND j.id > v_lead.id
+                ORDER BY j.id LIMIT v_batch - v_count
+            LOOP
+                SELECT * INTO v_job FROM pgfifo.job AS j
+                WHERE j.id = v_f.id AND j.state = 'queued' AND j.run_after <= v_now
+                  AND j.priority = v_lead.priority
+                FOR UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND;
+                v_jobs := v_jobs || v_job;
+                v_slots := v_slots || v_slots[v_i];
+                v_ids := v_ids || v_job.id;
+                v_count := v_count + 1;
+            END LOOP;
+            EXIT follow WHEN v_count >= v_batch;
+        END LOOP;
     END IF;
     -- The jobs are returned once the walk is over, so that each row can say
     -- whether more work may be ready (the walk stopped at its cap, or work

@@ -13,7 +13,15 @@
 -- group sleeps.
 -- Any other outcome advances the head. A rate-limited group whose bucket is
 -- empty waits for its next token (see 15_controls.sql). p_queues and p_groups are the jobs' (the caller has them
--- from pick); the jobs are of different groups, as pick returns them.
+-- from pick).
+--
+-- Several jobs of one group (a head and its followers, see pick) are the
+-- group's next jobs in id order, each of which ran only after the ones
+-- before it succeeded: only the last of them (the highest id) may have
+-- another outcome. That last job decides the group: a retry, a snooze or a
+-- failure that holds makes it the head; any other outcome moves the head
+-- to the oldest queued job not completed in this call (a follower handed
+-- back unstarted is one). A call that breaks this order is refused.
 --
 -- A grouped job that failed for good in a queue whose failure policy is
 -- 'hold' stays its group's head and holds it (see queue_group).
@@ -60,6 +68,8 @@ DECLARE
     v_key      text;
     v_row_ready timestamptz;
     v_lim      record;
+    v_superseded bigint[] := '{}';
+    v_dup      boolean := false;
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
@@ -128,6 +138,57 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    -- The jobs' own rows first: the heads below are then the oldest jobs
+    -- still queued, whichever jobs of the group this call completes.
+    IF v_n = 1 THEN
+        v_outcome := p_outcomes[1];
+        UPDATE pgfifo.job SET
+            state       = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN 'queued' ELSE v_outcome END,
+            attempts    = CASE WHEN v_outcome = 'snoozed' THEN attempts ELSE p_attempts[1] END,
+            last_error  = coalesce(p_errors[1], last_error),
+            result      = p_results[1],
+            run_after   = CASE WHEN v_outcome IN ('retry', 'snoozed')
+                               THEN v_now + p_retry_delay_us[1] * interval '1 microsecond'
+                               ELSE run_after END,
+            finished_at = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
+        WHERE id = p_ids[1];
+    ELSE
+        UPDATE pgfifo.job AS j SET
+            state       = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN 'queued' ELSE t.outcome END,
+            attempts    = CASE WHEN t.outcome = 'snoozed' THEN j.attempts ELSE t.attempt END,
+            last_error  = coalesce(t.error, j.last_error),
+            result      = t.result,
+            run_after   = CASE WHEN t.outcome IN ('retry', 'snoozed')
+                               THEN v_now + t.delay_us * interval '1 microsecond'
+                               ELSE j.run_after END,
+            finished_at = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
+        FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
+             AS t(id, attempt, outcome, error, result, delay_us)
+        WHERE j.id = t.id;
+    END IF;
+    -- Jobs followed in this call by a later job of their group: the group's
+    -- head moves (or stays) by its last job alone, and only a success may
+    -- be followed.
+    -- (Array expressions first, without an executor: most calls have jobs
+    -- of different groups only.)
+    FOR v_i IN 2 .. v_n LOOP
+        v_dup := coalesce(p_groups[v_i] = ANY (p_groups[1:v_i - 1]), false);
+        EXIT WHEN v_dup;
+    END LOOP;
+    IF v_dup THEN
+        SELECT coalesce(array_agg(t.id), '{}') INTO v_superseded
+        FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(id, outcome, q, grp)
+        WHERE t.grp IS NOT NULL
+          AND EXISTS (SELECT 1 FROM unnest(p_ids, p_queues, p_groups) AS u(id, q, grp)
+                      WHERE u.q = t.q AND u.grp = t.grp AND u.id > t.id);
+        IF cardinality(v_superseded) > 0 THEN
+            IF EXISTS (SELECT 1 FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
+                       WHERE t.id = ANY (v_superseded) AND t.outcome <> 'succeeded') THEN
+                RAISE EXCEPTION 'pgfifo complete: a job of a group ran after an earlier job of it that did not succeed (%)', p_ids
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+        END IF;
+    END IF;
     -- The common case: the group has a next job, which becomes the head (a
     -- HOT update when it is ready at once). Not for retries (the job stays
     -- the head) nor for failures that hold their group. For several jobs, in
@@ -137,6 +198,7 @@ BEGIN
             SELECT t.done_id, t.q, t.grp
             FROM unnest(p_ids, p_outcomes, p_queues, p_groups) AS t(done_id, outcome, q, grp)
             WHERE t.grp IS NOT NULL AND t.outcome NOT IN ('retry', 'snoozed')
+              AND NOT t.done_id = ANY (v_superseded)
               AND NOT (v_controlled AND (t.q || chr(31) || t.grp) = ANY (v_inactive || v_skipped))
               AND NOT (t.outcome = 'failed'
                        AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
@@ -171,7 +233,7 @@ BEGIN
                 ready_later_us := ready_later_us || v_ready_in;
             END IF;
         END IF;
-        CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved);
+        CONTINUE WHEN v_group IS NULL OR v_id = ANY (v_moved) OR v_id = ANY (v_superseded);
         CONTINUE WHEN v_controlled AND (v_queue || chr(31) || v_group) = ANY (v_skipped);
         IF v_controlled AND (v_queue || chr(31) || v_group) = ANY (v_inactive) THEN
             -- Held or parked while this job ran beside others of its group
@@ -187,13 +249,17 @@ BEGIN
         END IF;
         -- (A later time than the group's: with concurrency above 1, another
         -- of its jobs may have set one.)
+        -- The job becomes (stays) the head: it may have followed the head
+        -- picked with it.
         IF v_outcome = 'retry' THEN
             UPDATE pgfifo.queue_group
-            SET ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
+            SET head_id = v_id,
+                ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
             WHERE queue = v_queue AND group_id = v_group;
         ELSIF v_outcome = 'snoozed' THEN
             UPDATE pgfifo.queue_group
-            SET ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
+            SET head_id = v_id,
+                ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
             WHERE queue = v_queue AND group_id = v_group;
             INSERT INTO pgfifo.group_snooze AS s (queue, group_id, until, job_id)
             VALUES (v_queue, v_group, v_now + p_retry_delay_us[v_i] * interval '1 microsecond', v_id)
@@ -252,31 +318,6 @@ BEGIN
                 ready_later_us := ready_later_us || pgfifo.micros_until(v_due, v_now);
             END IF;
         END LOOP;
-    END IF;
-    IF v_n = 1 THEN
-        UPDATE pgfifo.job SET
-            state       = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN 'queued' ELSE v_outcome END,
-            attempts    = CASE WHEN v_outcome = 'snoozed' THEN attempts ELSE p_attempts[1] END,
-            last_error  = coalesce(p_errors[1], last_error),
-            result      = p_results[1],
-            run_after   = CASE WHEN v_outcome IN ('retry', 'snoozed')
-                               THEN v_now + p_retry_delay_us[1] * interval '1 microsecond'
-                               ELSE run_after END,
-            finished_at = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
-        WHERE id = v_id;
-    ELSE
-        UPDATE pgfifo.job AS j SET
-            state       = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN 'queued' ELSE t.outcome END,
-            attempts    = CASE WHEN t.outcome = 'snoozed' THEN j.attempts ELSE t.attempt END,
-            last_error  = coalesce(t.error, j.last_error),
-            result      = t.result,
-            run_after   = CASE WHEN t.outcome IN ('retry', 'snoozed')
-                               THEN v_now + t.delay_us * interval '1 microsecond'
-                               ELSE j.run_after END,
-            finished_at = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
-        FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
-             AS t(id, attempt, outcome, error, result, delay_us)
-        WHERE j.id = t.id;
     END IF;
     -- A snoozed attempt does not count: its record goes.
     IF 'snoozed' = ANY (p_outcomes) THEN

@@ -26,6 +26,25 @@
 //! * a lane sizes its next pick from what its handlers took: handlers that
 //!   use the connection, or take about the window, get one job per pick.
 //!
+//! # Several jobs of one group
+//!
+//! A pick may take the next jobs of a group behind its head (followers,
+//! see `pgfifo.pick`): a group with a backlog of quick jobs then runs a
+//! batch of them per transaction instead of one, with its row locked
+//! throughout. They run in their order, and strictly one after another:
+//!
+//! * a follower starts only after every earlier job of its group in the
+//!   batch succeeded; after any other outcome (a retry, a snooze, a failure,
+//!   which may hold the group) the rest of the batch is handed back
+//!   unstarted, and `pgfifo.complete` makes the job that did not succeed the
+//!   group's head, or moves the head to the first job handed back;
+//! * a handler that took the connection ends the batch as above, so one
+//!   job's writes never share the handlers' savepoint with a later job's,
+//!   and a later job's failure cannot roll them back;
+//! * the window bounds it like any batch; a lane that seeks work takes no
+//!   follower's place (it could not start it while this lane holds the
+//!   group), so followers are not handed back for it.
+//!
 //! Attempts are recorded for the whole pick before the first handler
 //! starts (one statement), as for a single job: a crash mid-batch counts an
 //! attempt for each job picked, which can cost a job that never started one
@@ -37,12 +56,13 @@ use tracing::Instrument;
 
 use super::attempt::{run_attempt, Decided};
 use super::batching::Batching;
-use super::conn::{ConnectionLost, Heard, JobConn};
+use super::conn::{ConnectionLost, JobConn};
 use super::long;
 use super::write::{write, Written};
 use super::Lanes;
 use crate::db::pooler::is_transaction_pooled;
 use crate::db::runner::PickedJob;
+use crate::runner::events::JobOutcome;
 use crate::runner::outcome::Done;
 
 /// How long a prefetched pick may wait for a free permit before its jobs are
@@ -202,16 +222,8 @@ pub(super) async fn run_batch(
             // The connection may have died while it waited (a killed
             // backend, a restart, the idle bound): another runner may already
             // run these jobs. No handler starts unless the connection is
-            // known to be alive: by what its driver heard (no round trip),
-            // or else by a round trip. Yielding first lets the runtime read
-            // the sockets, so an error already in this one is heard.
-            tokio::task::yield_now().await;
-            let alive = match conn.heard() {
-                Heard::Nothing => Ok(()),
-                Heard::Closed => Err("the connection closed".to_owned()),
-                Heard::Unsure => conn.ping().await.map_err(|e| e.to_string()),
-            };
-            if let Err(err) = alive {
+            // known to be alive.
+            if let Err(err) = conn.alive(true).await {
                 hand_back(lanes, jobs).await;
                 return Err(ConnectionLost(format!(
                     "the connection of prefetched jobs failed before they started: {err}"
@@ -239,13 +251,28 @@ pub(super) async fn run_batch(
         // behind this lane's handlers could start there at once (the pick
         // that took it saw no lane seeking, but one may have since found
         // nothing, e.g. in a tail where lanes finish together).
+        // (Not for a job of a group that ran here already: it could not
+        // start in another lane before this one commits.)
+        let follows = done.iter().any(|d| d.job.same_group(&job));
         if !done.is_empty()
             && (started.elapsed() >= batching.window()
                 || lanes.stop.is_cancelled()
-                || board.others_seek(false))
+                || (!follows && board.others_seek(false)))
         {
             hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
             break;
+        }
+        // Nor after the connection died under the handlers before (its
+        // backend was ended, the server restarted): the transaction is gone
+        // with its locks, and another lane may be running this job's group
+        // already, from its head.
+        if !done.is_empty() {
+            if let Err(err) = conn.alive(false).await {
+                hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
+                return Err(ConnectionLost(format!(
+                    "the connection of a batch failed before its next job started: {err}"
+                )));
+            }
         }
         if deferred.contains(&(job.id, job.max_attempts)) {
             match lanes
@@ -295,8 +322,18 @@ pub(super) async fn run_batch(
                 ends_batch,
             }) => {
                 span.in_scope(|| one.log());
+                // The next job of a group starts only once the one before
+                // it has succeeded: after any other outcome (a retry, a
+                // snooze, a failure that may hold the group), the rest goes
+                // back unstarted, and the group's head is decided by this
+                // job's outcome.
+                let blocks = !matches!(one.outcome, JobOutcome::Succeeded)
+                    && rest
+                        .as_slice()
+                        .iter()
+                        .any(|(next, _)| next.same_group(&one.job));
                 done.push(one);
-                if ends_batch {
+                if ends_batch || blocks {
                     hand_back(lanes, rest).await;
                     break;
                 }

@@ -6,6 +6,11 @@
 //! picked with it while that lane stands idle). See `batch.rs` for what a
 //! batch is, and `lane.rs` for the picks that are handed back when they
 //! took every ready job.
+//!
+//! A pick may also take the next jobs of the groups it took (followers, see
+//! `pgfifo.pick`), up to [`Batching::batch`] jobs in all: they fill the
+//! window of a lane whose groups have a backlog of quick jobs, and could
+//! not run in another lane anyway.
 
 use std::time::Duration;
 
@@ -61,7 +66,25 @@ impl Batching {
             .max(1) as i32
     }
 
-    /// A pick asked for `asked` jobs and found `got` (0: nothing to do).
+    /// How many jobs the next pick takes in all, its groups' next jobs
+    /// (followers) included: as many as fit in the window, whatever the
+    /// other lanes do (a follower could not run elsewhere: its group is
+    /// held by this lane) and whatever the last picks found (that counts
+    /// free groups). One while handlers take the connection.
+    pub(super) fn batch(&self) -> i32 {
+        let Some(average) = self.average else {
+            return 1;
+        };
+        let fit = if average > 0.0 {
+            self.window.as_secs_f64() / average
+        } else {
+            f64::INFINITY
+        };
+        fit.clamp(1.0, self.max as f64) as i32
+    }
+
+    /// A pick asked for `asked` jobs of different groups and found `got`
+    /// (0: nothing to do).
     pub(super) fn picked(&mut self, asked: i32, got: usize) {
         if got == 0 {
             return;
@@ -110,13 +133,18 @@ mod tests {
         let mut b = Batching::new(16, 5 * MS);
         // Nothing known yet: one job.
         assert_eq!(b.limit(false), 1);
-        // Handlers of 0.5 ms: ten fit in 5 ms; one while other lanes seek.
+        assert_eq!(b.batch(), 1);
+        // Handlers of 0.5 ms: ten fit in 5 ms; one while other lanes seek,
+        // but ten in all with their groups' next jobs.
         b.ran(MS / 2);
         assert_eq!(b.limit(false), 10);
         assert_eq!(b.limit(true), 1);
-        // A pick that found fewer than it asked for caps the next ones.
+        assert_eq!(b.batch(), 10);
+        // A pick that found fewer than it asked for caps the next ones (not
+        // the followers: they are not free groups).
         b.picked(10, 3);
         assert_eq!(b.limit(false), 8);
+        assert_eq!(b.batch(), 10);
         b.picked(8, 2);
         assert_eq!(b.limit(false), 4);
         b.picked(4, 4);
@@ -124,6 +152,7 @@ mod tests {
         // Handlers that take the connection run one per transaction.
         b.single();
         assert_eq!(b.limit(false), 1);
+        assert_eq!(b.batch(), 1);
         // Instant handlers: up to max_batch.
         b.ran(Duration::ZERO);
         b.picked(1, 1);
@@ -141,5 +170,6 @@ mod tests {
         let mut slow = Batching::new(16, 5 * MS);
         slow.ran(5 * MS);
         assert_eq!(slow.limit(false), 1);
+        assert_eq!(slow.batch(), 1);
     }
 }

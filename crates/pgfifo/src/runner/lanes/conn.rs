@@ -303,6 +303,24 @@ impl JobConn {
         }
     }
 
+    /// Whether the connection still holds its transaction, before a
+    /// handler starts: by what its driver heard (no round trip), or else by
+    /// a round trip. `settle`: yield first, which lets the runtime read the
+    /// sockets, so that an error already in this one is heard (after a
+    /// wait; between the handlers of a batch, where a yield per job cost a
+    /// few per cent of a drain of no-op jobs, the driver task has had the
+    /// handler's run to read it, on the runtime's other threads).
+    pub(crate) async fn alive(&mut self, settle: bool) -> Result<(), String> {
+        if settle {
+            tokio::task::yield_now().await;
+        }
+        match self.heard() {
+            Heard::Nothing => Ok(()),
+            Heard::Closed => Err("the connection closed".to_owned()),
+            Heard::Unsure => self.ping().await.map_err(|e| e.to_string()),
+        }
+    }
+
     /// A round trip that proves the connection alive.
     pub(crate) async fn ping(&mut self) -> Result<(), diesel::result::Error> {
         self.conn.batch_execute(PING).await

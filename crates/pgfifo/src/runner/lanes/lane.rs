@@ -14,7 +14,7 @@ use super::batching::Batching;
 use super::conn::{ConnectionLost, Heard, JobConn};
 use super::waiting::{connection, register, wait_for_work, Waiter};
 use super::{promote_all, Lanes, Seeking};
-use crate::db::runner::{PickRequest, Picked};
+use crate::db::runner::{PickRequest, Picked, PickedJob};
 use crate::runner::jitter::{random_fraction, reconnect_backoff};
 use crate::runner::outcome::Done;
 
@@ -234,14 +234,14 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
 }
 
 /// Opens the next job transaction (committing `pending`, and ending the
-/// current one if `end_first`) and picks up to `limit` jobs in it, in one
-/// round trip.
+/// current one if `end_first`) and picks up to `limit` jobs of different
+/// groups, `batch` in all with their groups' next jobs, in one round trip.
 async fn pick(
     lanes: &Lanes,
     conn: &mut JobConn,
     lane: &Lane,
     pending: &mut Pending,
-    limit: i32,
+    (limit, batch): (i32, i32),
     end_first: bool,
 ) -> Result<diesel::QueryResult<Picked>, ConnectionLost> {
     let board = &*lanes.board;
@@ -252,6 +252,7 @@ async fn pick(
         sweep_from: lane.sweep_from,
         idle: &lanes.idle_bounds,
         limit,
+        batch: batch.max(limit),
         held_elsewhere: &locked_elsewhere,
         start_at_once: board.permits.available_permits() > 0,
     };
@@ -280,7 +281,8 @@ async fn pick_and_run<'l>(
     let board = &*lanes.board;
     let spread = board.others_seek(seeking.now());
     let limit = lane.batching.limit(spread);
-    let mut picked = pick(lanes, conn, lane, pending, limit, false).await?;
+    let batch = lane.batching.batch();
+    let mut picked = pick(lanes, conn, lane, pending, (limit, batch), false).await?;
     let mut handed_back = false;
     // A pick of several jobs that took every ready job it could see (no
     // `more`), by a lane with no work of its own to come, may leave other
@@ -291,18 +293,21 @@ async fn pick_and_run<'l>(
     // again, and lanes are woken for the rest. While a backlog lasts, picks
     // leave work for the other lanes, or the lane's groups have next jobs,
     // and batches stay whole.
+    // (Jobs of one group count once: the next jobs of a group it took could
+    // not run in another lane.)
     if let Ok(Picked::Jobs { jobs, more: false }) = &picked {
-        if jobs.len() > 1 && !lane.own_work {
-            let others = jobs.len() - 1;
+        let groups = heads(jobs);
+        if groups > 1 && !lane.own_work {
+            let others = groups - 1;
             tracing::debug!(
                 target: "pgfifo::lanes::spread",
                 lane = lane.index,
                 picked = jobs.len(),
                 "a pick took every ready job: keeping one, the rest go to other lanes"
             );
-            lane.batching.picked(limit, jobs.len());
+            lane.batching.picked(limit, groups);
             board.note_locked(lane.index, []);
-            picked = pick(lanes, conn, lane, pending, 1, true).await?;
+            picked = pick(lanes, conn, lane, pending, (1, batch), true).await?;
             handed_back = true;
             board.wake(others);
         }
@@ -315,8 +320,9 @@ async fn pick_and_run<'l>(
     }
     let (jobs, more) = match picked {
         Ok(Picked::Jobs { jobs, more }) => {
+            let groups = heads(&jobs);
             if !handed_back {
-                lane.batching.picked(limit, jobs.len());
+                lane.batching.picked(limit, groups);
             }
             seeking.set(false);
             // Not waiting while running these: a wake-up this lane got
@@ -328,11 +334,11 @@ async fn pick_and_run<'l>(
             // through the listener, one per group. A pick kept to one job
             // for the seeking lanes wakes one of them if work is left.
             *waiter = None;
-            let full = !handed_back && limit > 1 && jobs.len() >= limit as usize;
+            let full = !handed_back && limit > 1 && groups >= limit as usize;
             if full || (spread && more) {
                 board.wake(1);
             }
-            if let Some(slot) = jobs.iter().rev().find_map(|job| job.sweep_slot) {
+            if let Some(slot) = jobs[..groups].iter().rev().find_map(|job| job.sweep_slot) {
                 lane.sweep_from = slot.wrapping_add(1);
             }
             (jobs, more)
@@ -408,6 +414,15 @@ async fn pick_and_run<'l>(
     }
     commit_pending(lanes, conn, pending, lane.index).await?;
     Ok(Step::Wait)
+}
+
+/// How many of a pick's jobs are heads of different groups: they come
+/// first, their followers after them (see `pgfifo.pick`).
+fn heads(jobs: &[PickedJob]) -> usize {
+    jobs.iter()
+        .enumerate()
+        .position(|(i, job)| jobs[..i].iter().any(|head| head.same_group(job)))
+        .unwrap_or(jobs.len())
 }
 
 /// Commits the outcomes written last, if any, and emits their events. The
