@@ -10,6 +10,7 @@ mod smoke;
 
 // Enqueue side.
 mod bad_input;
+mod enqueue_activation;
 mod enqueue_api;
 mod enqueue_no_wait;
 mod enqueue_options;

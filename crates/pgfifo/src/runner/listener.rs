@@ -66,9 +66,12 @@ pub(crate) async fn run(listener: Listener, service: CancellationToken) {
 /// Why the inner loop stopped listening for a moment.
 enum Interrupt {
     /// Notifications for this runner's queues: `work` if any said that work
-    /// may be ready without a group to promote (see `sql::CHANNEL`).
+    /// may be ready without a group to promote (see `sql::CHANNEL`),
+    /// `groups` if any said that enqueuers woke groups (see
+    /// `sql::GROUPS_CHANNEL`).
     Notified {
         work: bool,
+        groups: bool,
     },
     Tick,
     Stop,
@@ -160,20 +163,23 @@ async fn listen_on(
                 tokio::select! {
                     item = stream.next() => match item {
                         Some(Ok(note)) => {
-                            if let Some(mut work) = relevant(listener, &note, own_pid) {
+                            if let Some(first) = relevant(listener, &note, own_pid) {
                                 // One promote for every notification that
                                 // has arrived already: they are of commits
                                 // it will see.
+                                let (mut work, mut groups) = (first, !first);
                                 while let Some(item) = stream.next().now_or_never() {
                                     match item {
                                         Some(Ok(note)) => {
-                                            work |= relevant(listener, &note, own_pid) == Some(true);
+                                            let kind = relevant(listener, &note, own_pid);
+                                            work |= kind == Some(true);
+                                            groups |= kind == Some(false);
                                         }
                                         Some(Err(err)) => return Err(err.to_string()),
                                         None => return Err("notification stream ended".into()),
                                     }
                                 }
-                                break Interrupt::Notified { work };
+                                break Interrupt::Notified { work, groups };
                             }
                         }
                         Some(Err(err)) => return Err(err.to_string()),
@@ -187,7 +193,12 @@ async fn listen_on(
         match interrupt {
             // The connection closes when it is dropped.
             Interrupt::Stop => return Ok(()),
-            Interrupt::Notified { work } => promote_and_wake(listener, conn, work).await?,
+            Interrupt::Notified { work, groups: true } => {
+                promote_and_wake(listener, conn, work).await?
+            }
+            // Work without a group to promote (an enqueuer made its group
+            // active, an ungrouped job, an operator's release): a lane.
+            Interrupt::Notified { groups: false, .. } => listener.board.wake(1),
             // The poll: also proves the connection is alive.
             Interrupt::Tick => promote_and_wake(listener, conn, false).await?,
         }

@@ -11,10 +11,11 @@
 --
 -- Locking contract. The enqueuer takes the shared advisory lock of every group
 -- it writes to (striped, see group_lock_key) and keeps it until its
--- transaction ends. It never writes a
--- queue_group row: for a group that is missing or idle (no head) it appends a
--- row to pgfifo.group_wake, and a runner makes the group active after this
--- transaction commits (promote). A group that is active needs nothing: its
+-- transaction ends. For a group that is missing or idle (no head) it
+-- appends a row to pgfifo.group_wake, and a runner makes the group active
+-- after this transaction commits (promote); a single job into an idle
+-- group may make it active itself, when it can lock the group's row without
+-- waiting (below), and then holds that row until it ends. A group that is active needs nothing: its
 -- runner finds the new job when it advances the head. The one race, a runner
 -- declaring the group idle while this transaction is open, is closed by the
 -- advisory lock: advance_head declares a group idle only if it can take the
@@ -22,7 +23,8 @@
 -- statement below that looks for active groups sees the group idle.
 --
 -- Enqueue waits for nothing but that exclusive lock, held by a runner for the
--- moment between declaring a group idle and committing. Needs READ COMMITTED:
+-- moment between declaring a group idle and committing (group rows are
+-- locked SKIP LOCKED). Needs READ COMMITTED:
 -- each statement must see commits that happened while it waited.
 CREATE OR REPLACE FUNCTION pgfifo.enqueue(
     p_queue        text[],
@@ -49,6 +51,7 @@ DECLARE
     v_gq      text[];
     v_gg      text[];
     v_void    text;
+    v_at      timestamptz;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgfifo enqueue requires READ COMMITTED isolation (found %)',
@@ -73,21 +76,56 @@ BEGIN
                 1885824614, pgfifo.group_lock_key(p_queue[1], p_group[1]))::text;
         END IF;
         v_id := nextval('pgfifo.job_id_seq');
+        v_at := pgfifo.run_after(p_run_at_us[1], p_delay_us[1]);
         INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after)
         VALUES (v_id, p_queue[1], p_group[1], p_kind[1], p_payload[1], p_priority[1],
-                p_max_attempts[1], pgfifo.run_after(p_run_at_us[1], p_delay_us[1]));
+                p_max_attempts[1], v_at);
         IF p_group[1] IS NULL THEN
             v_void := pg_notify('pgfifo', p_queue[1])::text;
-        ELSE
-            WITH woken AS (
-                INSERT INTO pgfifo.group_wake (queue, group_id)
-                SELECT p_queue[1], p_group[1]
-                WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
-                                  WHERE qg.queue = p_queue[1] AND qg.group_id = p_group[1]
-                                    AND qg.ready_at IS NOT NULL)
-                RETURNING queue)
-            SELECT pg_notify('pgfifo_groups', woken.queue)::text INTO v_void FROM woken;
+            RETURN ARRAY[v_id];
         END IF;
+        -- An idle group (no head) of a queue without group controls, whose
+        -- row nobody holds, becomes active here: what promote would do,
+        -- without its transaction, round trip and call per job. Its head is
+        -- the group's oldest queued job, as promote would set it (another
+        -- enqueuer's job may have found the row locked, by promote, say,
+        -- and be waiting for a promote): if that one is due now. The row
+        -- stays locked until this transaction ends: picks pass it by (SKIP
+        -- LOCKED) until the job is visible, and another enqueuer of the
+        -- group, finding it locked, takes the wake row way below instead of
+        -- waiting. Everything else takes that way too: a missing group row
+        -- (its insert could wait for another enqueuer's), a head not due
+        -- yet (its time reaches the runner through promote), a paused
+        -- group, group controls, and a schema without them (reverted under
+        -- these functions).
+        IF v_at <= clock_timestamp() AND to_regclass('pgfifo.group_control') IS NOT NULL THEN
+            UPDATE pgfifo.queue_group AS g
+            SET head_id = n.id, priority = n.priority, ready_at = n.run_after, idle_since = NULL
+            FROM (SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
+                  WHERE j.queue = p_queue[1] AND j.group_id = p_group[1] AND j.state = 'queued'
+                  ORDER BY j.id LIMIT 1) AS n
+            WHERE g.ctid = (SELECT i.ctid FROM pgfifo.queue_group AS i
+                            WHERE i.queue = p_queue[1] AND i.group_id = p_group[1]
+                              AND i.head_id IS NULL AND i.ready_at IS NULL
+                            FOR NO KEY UPDATE SKIP LOCKED)
+              AND n.run_after <= clock_timestamp()
+              AND NOT EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                              WHERE p.queue = p_queue[1] AND p.group_id = p_group[1])
+              AND NOT EXISTS (SELECT 1 FROM pgfifo.group_control AS c
+                              WHERE c.queue = p_queue[1]);
+            IF FOUND THEN
+                v_void := pg_notify('pgfifo', p_queue[1])::text;
+                RETURN ARRAY[v_id];
+            END IF;
+        END IF;
+        WITH woken AS (
+            INSERT INTO pgfifo.group_wake (queue, group_id)
+            SELECT p_queue[1], p_group[1]
+            WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                              WHERE qg.queue = p_queue[1] AND qg.group_id = p_group[1]
+                                AND qg.ready_at IS NOT NULL)
+            RETURNING queue)
+        SELECT pg_notify('pgfifo_groups', woken.queue)::text INTO v_void FROM woken;
         RETURN ARRAY[v_id];
     END IF;
 

@@ -82,6 +82,7 @@ BEGIN
         IF NOT FOUND THEN
             -- Locked (a job runs) or missing (never promoted): promote sees to it.
             INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_group.queue, v_group.group_id);
+            PERFORM pg_notify('pgfifo_groups', v_group.queue);
             CONTINUE;
         END IF;
         IF v_head.head_id IS NULL AND EXISTS (SELECT 1 FROM pgfifo.group_pause AS p

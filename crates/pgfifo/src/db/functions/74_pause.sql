@@ -26,7 +26,7 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (p_queue, p_group);
-    PERFORM pg_notify('pgfifo', p_queue);
+    PERFORM pg_notify('pgfifo_groups', p_queue);
     RETURN true;
 END
 $$;

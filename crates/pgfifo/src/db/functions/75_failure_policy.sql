@@ -21,7 +21,7 @@ BEGIN
         SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
         WHERE g.queue = p_queue AND g.ready_at IS NULL AND g.head_id IS NOT NULL;
         GET DIAGNOSTICS v_released = ROW_COUNT;
-        PERFORM pg_notify('pgfifo', p_queue);
+        PERFORM pg_notify('pgfifo_groups', p_queue);
     END IF;
     RETURN v_released;
 END
