@@ -52,6 +52,7 @@ DECLARE
     v_gg      text[];
     v_void    text;
     v_at      timestamptz;
+    v_active  boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgfifo enqueue requires READ COMMITTED isolation (found %)',
@@ -64,12 +65,12 @@ BEGIN
     END IF;
 
     -- One job without a unique key, the common call: the same steps as
-    -- below, written for one row in two queries (the job, and the wake row
-    -- with its notification). Lock, id and the notification of an ungrouped
-    -- job are assignments of plain expressions, which PL/pgSQL evaluates
-    -- without starting a query (PERFORM would start one; the functions
-    -- return void, hence the casts). Less than half the server's time of the
-    -- batch path for one job.
+    -- below, written for one row (the job; the group's row; the wake row,
+    -- when the group is not active). Lock, id and notifications are
+    -- assignments of plain expressions, which PL/pgSQL evaluates without
+    -- starting a query (PERFORM would start one; the functions return void,
+    -- hence the casts). Less than half the server's time of the batch path
+    -- for one job.
     IF v_n = 1 AND p_unique_key[1] IS NULL THEN
         IF p_group[1] IS NOT NULL THEN
             v_void := pg_advisory_xact_lock_shared(
@@ -84,6 +85,14 @@ BEGIN
             v_void := pg_notify('pgfifo', p_queue[1])::text;
             RETURN ARRAY[v_id];
         END IF;
+        -- The group's row, read once (its state cannot change under the
+        -- advisory lock this holds: see above). An active group needs
+        -- nothing.
+        SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
+        WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
+        IF v_active THEN
+            RETURN ARRAY[v_id];
+        END IF;
         -- An idle group (no head) of a queue without group controls, whose
         -- row nobody holds, becomes active here: what promote would do,
         -- without its transaction, round trip and call per job. Its head is
@@ -92,13 +101,14 @@ BEGIN
         -- and be waiting for a promote): if that one is due now. The row
         -- stays locked until this transaction ends: picks pass it by (SKIP
         -- LOCKED) until the job is visible, and another enqueuer of the
-        -- group, finding it locked, takes the wake row way below instead of
-        -- waiting. Everything else takes that way too: a missing group row
-        -- (its insert could wait for another enqueuer's), a head not due
-        -- yet (its time reaches the runner through promote), a paused
-        -- group, group controls, and a schema without them (reverted under
-        -- these functions).
-        IF v_at <= clock_timestamp() AND to_regclass('pgfifo.group_control') IS NOT NULL THEN
+        -- group, finding it locked, leaves a wake row instead of waiting.
+        -- Everything else leaves one too: a missing group row (its insert
+        -- could wait for another enqueuer's), a head not due yet (its time
+        -- reaches the runner through promote), a paused group, a held one,
+        -- group controls, and a schema without them (reverted under these
+        -- functions).
+        IF v_active IS NOT NULL AND v_at <= clock_timestamp()
+           AND to_regclass('pgfifo.group_control') IS NOT NULL THEN
             UPDATE pgfifo.queue_group AS g
             SET head_id = n.id, priority = n.priority, ready_at = n.run_after, idle_since = NULL
             FROM (SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
@@ -118,14 +128,8 @@ BEGIN
                 RETURN ARRAY[v_id];
             END IF;
         END IF;
-        WITH woken AS (
-            INSERT INTO pgfifo.group_wake (queue, group_id)
-            SELECT p_queue[1], p_group[1]
-            WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
-                              WHERE qg.queue = p_queue[1] AND qg.group_id = p_group[1]
-                                AND qg.ready_at IS NOT NULL)
-            RETURNING queue)
-        SELECT pg_notify('pgfifo_groups', woken.queue)::text INTO v_void FROM woken;
+        INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (p_queue[1], p_group[1]);
+        v_void := pg_notify('pgfifo_groups', p_queue[1])::text;
         RETURN ARRAY[v_id];
     END IF;
 
