@@ -1,5 +1,6 @@
 //! The suite's checks: every job (here), every committed and recorded run
-//! (`run_checks.rs`), the starts in groups of N > 1 (`wide.rs`); how soon
+//! (`run_checks.rs`), the starts in groups of N > 1 (`wide.rs`), the hot
+//! groups' recorded runs and followers (`hot_checks.rs`); how soon
 //! groups were released is printed (`release.rs`), the report is in
 //! `report.rs`.
 
@@ -10,6 +11,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use pgfifo_tests::faults::private_pg::PrivatePg;
 use pgfifo_tests::faults::runs::{self, Cut, Line, Mode};
 
+use crate::hot_checks::{self, HotFound};
 use crate::long_runs::{self, LongFound};
 use crate::monitor::{AttemptCount, AttemptRow, JobRow, LogRow};
 use crate::plan::reason_fits;
@@ -42,6 +44,8 @@ pub(crate) struct Found {
     pub(crate) wide: WideFound,
     /// The long-mode jobs.
     pub(crate) long: LongFound,
+    /// The hot groups.
+    pub(crate) hot: HotFound,
 }
 
 /// The database's final state.
@@ -105,6 +109,7 @@ pub(crate) async fn check(suite: &mut Suite, pg: &PrivatePg, url: &str, began: I
         .count();
     let interrupted = intervals.iter().filter(|i| i.cut == Cut::Died).count();
     let long = long_runs::check(suite, &intervals, &lines, &loaded.log);
+    let hot = hot_checks::check(suite, &intervals, &lines, &loaded.log);
     print_release_times(suite, pg, &intervals);
     let poison_aborts = suite
         .fleet
@@ -151,6 +156,7 @@ pub(crate) async fn check(suite: &mut Suite, pg: &PrivatePg, url: &str, began: I
         frozen_release,
         wide,
         long,
+        hot,
     }
 }
 
@@ -164,7 +170,7 @@ async fn load(suite: &mut Suite, url: &str) -> Loaded {
     .await
     .expect("load jobs");
     let log: Vec<LogRow> = diesel::sql_query(
-        "SELECT job_id, attempt, grp, seq, pid, start_ns, end_ns, picked_ns FROM fault_log",
+        "SELECT job_id, attempt, grp, seq, pid, start_ns, end_ns, picked_ns, xact FROM fault_log",
     )
     .load(&mut conn)
     .await

@@ -165,11 +165,14 @@ pub(crate) const PREFETCH_GRP: u32 = 2_000_000;
 /// Connections of worker processes carry application names with this prefix.
 pub(crate) const APP_PREFIX: &str = "pgfifo-fw-";
 
+/// The committed runs, one row each, written in the transaction that
+/// commits the run (`xact`: that transaction's id).
 pub(crate) const FAULT_LOG: &str = "CREATE TABLE fault_log (
     job_id bigint NOT NULL, attempt integer NOT NULL, queue text NOT NULL,
     grp integer NOT NULL, seq integer NOT NULL, pid integer NOT NULL,
     start_ns bigint NOT NULL, end_ns bigint NOT NULL, picked_ns bigint NOT NULL,
-    logged_at timestamptz NOT NULL DEFAULT clock_timestamp())";
+    logged_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    xact bigint NOT NULL DEFAULT txid_current())";
 
 /// What the checks of groups that run several jobs at once need and the
 /// library does not keep: every attempt start it recorded (`fault_start`;
@@ -201,3 +204,53 @@ END $$;
 CREATE TRIGGER fault_note_hold AFTER UPDATE ON pgfifo.job
     FOR EACH ROW WHEN (NEW.state = 'queued' AND NEW.attempts > 0 AND OLD.attempts = 0)
     EXECUTE FUNCTION fault_note_hold();";
+
+/// Mirror of `fault-worker`'s `faults.hot`.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    kind = "faults.hot",
+    queue = "hot",
+    max_attempts = 25,
+    timeout = "1s",
+    backoff = "100ms"
+)]
+pub(crate) struct HotJob {
+    pub(crate) grp: u32,
+    pub(crate) seq: u32,
+    pub(crate) mode: Mode,
+    pub(crate) work_us: u32,
+}
+
+#[async_trait]
+impl Handler for HotJob {
+    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        Err(JobError::permanent("faults.hot runs in fault-worker only"))
+    }
+}
+
+/// `faults.hot`'s timeout.
+pub(crate) const HOT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Group numbers of the hot groups start here.
+pub(crate) const HOT_GRP: u32 = 4_000_000;
+/// How many hot groups there are, and the hot worker's concurrency: a lane
+/// per group, so that the groups its other lanes hold are no work left for
+/// a pick.
+pub(crate) const HOT_GROUPS: u32 = 2;
+
+/// The run a hot handler stores as its job's result is copied to
+/// `fault_log` by the transaction that writes the job's success: so, as for
+/// the other jobs, `fault_log` holds exactly the committed runs, and its
+/// `xact` says which jobs committed in one transaction.
+pub(crate) const FAULT_HOT: &str = "
+CREATE FUNCTION fault_hot_done() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.fault_log (job_id, attempt, queue, grp, seq, pid, start_ns, end_ns, picked_ns)
+    VALUES (NEW.id, (NEW.result->>'attempt')::integer, NEW.queue,
+            (NEW.payload->>'grp')::integer, (NEW.payload->>'seq')::integer,
+            (NEW.result->>'pid')::integer, (NEW.result->>'start_ns')::bigint,
+            (NEW.result->>'end_ns')::bigint, (extract(epoch FROM now()) * 1e9)::bigint);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fault_hot_done AFTER UPDATE OF state ON pgfifo.job
+    FOR EACH ROW WHEN (NEW.kind = 'faults.hot' AND NEW.state = 'succeeded')
+    EXECUTE FUNCTION fault_hot_done();";

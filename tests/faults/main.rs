@@ -22,14 +22,30 @@
 //! started again (`long_runs.rs`), and freezes a worker mid-long-job
 //! (`freeze_long.rs`: its group is taken over once its lease passes).
 //!
+//! Two hot groups of N = 1, in a queue of their own (`hot`) served by a
+//! worker process of their own, get a burst of quick jobs before every
+//! fault step (`faults.hot`: 0–2 ms, and the handler never takes the job's
+//! connection; `hot.rs`). `pgfifo.pick` then also takes the next jobs of a
+//! group behind its head (followers), and the worker runs a batch of them
+//! per transaction while the faults go on. Some steps SIGKILL the hot
+//! worker mid-burst, and a few hot jobs panic on their first attempt (the
+//! rest of their batch is handed back). A hot run reaches `fault_log`
+//! through its job's result, which is written with the success; its
+//! recorded runs are checked in order by `hot_checks.rs` (a batch that did
+//! not commit sends its group back to its head).
+//!
 //! It then checks every job: succeeded exactly once, or failed with its
 //! reason; none lost; never more runs of a group at once than its N (no
 //! overlap at all for the others); every group in order (N = 1: each run
-//! after the previous one; N > 1: FIFO starts, within a jitter, and nothing
+//! after the previous one; a hot group: each run of a job after a run of
+//! the job before it that succeeded and committed, or ran in the same
+//! process (its batch); N > 1: FIFO starts, within a jitter, and nothing
 //! starts behind a job that failed an attempt until it is done); and prints
-//! one summary line, with the peak runs at once of the groups of N > 1. Any
-//! non-zero violation count fails the run, and so does a run whose groups of
-//! N > 1 never ran two jobs at once.
+//! one summary line, with the peak runs at once of the groups of N > 1 and
+//! the number of followers (hot jobs that committed in the same transaction
+//! as the previous job of their group: `fault_log.xact`). Any non-zero
+//! violation count fails the run, and so does a run whose groups of N > 1
+//! never ran two jobs at once, or in which no job committed as a follower.
 //!
 //! The suite restarts PostgreSQL, so it runs on a private server of its own
 //! (`pgfifo_tests::faults::private_pg`), never on the shared one. Its main
@@ -52,6 +68,8 @@
 mod checks;
 mod freeze;
 mod freeze_long;
+mod hot;
+mod hot_checks;
 mod jobs;
 mod long_runs;
 mod monitor;

@@ -122,6 +122,9 @@ pub(crate) struct LogRow {
     /// The start of the job's transaction: when its runner picked it.
     #[diesel(sql_type = BigInt)]
     pub(crate) picked_ns: i64,
+    /// The id of the transaction that committed the run.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) xact: i64,
 }
 
 #[derive(QueryableByName, Debug)]

@@ -38,6 +38,13 @@ pub(crate) struct Plan {
     pub(crate) hang_always: usize,
     pub(crate) panic_once: usize,
     pub(crate) panic_always: usize,
+    /// Jobs per hot group in each burst (`hot.rs`).
+    pub(crate) hot_burst: usize,
+    /// SIGKILLs of the hot worker mid-burst (steps of their own, without
+    /// a pause before them).
+    pub(crate) hot_kills: usize,
+    /// Hot jobs that panic on their first attempt.
+    pub(crate) hot_panics: usize,
     pub(crate) step_ms: (u64, u64),
     pub(crate) work_ms: (u32, u32),
     pub(crate) drain_limit: Duration,
@@ -72,6 +79,9 @@ impl Plan {
                 hang_always: 4,
                 panic_once: 20,
                 panic_always: 6,
+                hot_burst: 100,
+                hot_kills: 40,
+                hot_panics: 20,
                 step_ms: (1_500, 3_500),
                 work_ms: (40, 260),
                 drain_limit: Duration::from_secs(300),
@@ -98,6 +108,9 @@ impl Plan {
                 hang_always: 1,
                 panic_once: 5,
                 panic_always: 2,
+                hot_burst: 50,
+                hot_kills: 4,
+                hot_panics: 3,
                 step_ms: (1_000, 2_000),
                 work_ms: (40, 260),
                 drain_limit: Duration::from_secs(90),
@@ -177,6 +190,8 @@ pub(crate) fn reason_fits(mode: Mode, reason: &str) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
     Kill,
+    /// SIGKILL the hot worker while it works through a burst.
+    HotKill,
     Terminate,
     Restart(StopMode),
     Freeze,

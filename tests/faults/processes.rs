@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use pgfifo_tests::faults::runs::{self, Line};
 use pgfifo_tests::records::now_ns;
 
-use crate::jobs::{APP_PREFIX, FREEZER_GRACE, LONG_LEASE, WORKER_GRACE};
+use crate::jobs::{APP_PREFIX, FREEZER_GRACE, HOT_GROUPS, LONG_LEASE, WORKER_GRACE};
 
 // --- Worker processes -------------------------------------------------------
 
@@ -24,6 +24,9 @@ pub(crate) enum Role {
     Rescuer,
     /// Serves `prefetch` with one slot (and the runner's prefetch lane).
     Prefetcher,
+    /// Serves `hot` (`hot.rs`); killed now and then while it works through
+    /// a burst, and replaced.
+    Hot,
 }
 
 pub(crate) struct Proc {
@@ -97,6 +100,7 @@ impl Fleet {
             Role::Freezer => ("freezer", "freeze,freeze_long", FREEZER_GRACE),
             Role::Rescuer => ("rescuer", "freeze,freeze_long", FREEZER_GRACE),
             Role::Prefetcher => ("pf", "prefetch", WORKER_GRACE),
+            Role::Hot => ("hot", "hot", WORKER_GRACE),
         };
         let app = format!("{APP_PREFIX}{kind}{}", self.counter);
         let records = self.dir.join(format!("{app}.records"));
@@ -189,13 +193,16 @@ impl Fleet {
             .collect()
     }
 
-    /// SIGKILLs a process now.
+    /// SIGKILLs a process now. Returns when it was gone: once reaped, so
+    /// that no run of it starts later (a time taken before the signal can
+    /// precede a handler's start, which the checks would then not see cut
+    /// off: hot handlers start every millisecond).
     pub(crate) fn kill(&mut self, pid: u32) -> i64 {
         let i = self.alive.iter().position(|p| p.pid == pid).expect("alive");
         let mut p = self.alive.remove(i);
-        let ns = now_ns();
         p.child.kill().expect("SIGKILL a worker");
         let _ = p.child.wait();
+        let ns = now_ns();
         self.deaths.push(Death {
             pid,
             app: p.app,
@@ -246,6 +253,9 @@ impl Fleet {
                 }
                 Role::Freezer => {
                     self.spawn(Role::Freezer, 1).await;
+                }
+                Role::Hot => {
+                    self.spawn(Role::Hot, HOT_GROUPS as usize).await;
                 }
                 Role::Rescuer | Role::Prefetcher => {}
             }

@@ -41,6 +41,7 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         frozen_release,
         wide,
         long,
+        hot,
     } = found;
     let Timing {
         began,
@@ -63,6 +64,7 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
     show("WRONG OUTCOME", &wrong_outcome);
     show("ORDER VIOLATION", &order_violations);
     show("ORDER VIOLATION", &wide.order_violations);
+    show("ORDER VIOLATION", &hot.order_violations);
     show("HELD BACK VIOLATION", &wide.held_back);
     show("OVERLAP", &overlaps);
     show("EXCUSED (pick lost to a fault)", &wide.excused);
@@ -77,14 +79,21 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         suite.seen.terminated_backends
     );
     let wide_peak = print_wide(&wide);
-    let order_violations_n = order_violations.len() + wide.order_violations.len();
+    println!(
+        "faults: hot groups: {} jobs, {} committed as followers, in {} transactions of more than \
+         one job of a group (at most {}); {} runs ended well in a batch that never committed, {} \
+         cut off by a kill",
+        hot.jobs, hot.followers, hot.batches, hot.longest, hot.rolled_back, hot.killed
+    );
+    let order_violations_n =
+        order_violations.len() + wide.order_violations.len() + hot.order_violations.len();
     let summary = format!(
         "jobs={} groups={groups_used} kills={} mid_handler_kills={mid_handler_kills} restarts={} \
          terminations={} frozen={} frozen_release={:.2}s poison_aborts={poison_aborts} \
          hang_timeouts={hang_timeouts} panics={panics} failed_as_expected={failed_as_expected} \
          lost={} duplicates={duplicates} order_violations={order_violations_n} overlaps={} \
          wide_groups={} wide_peak={} wide_at_n={} wide_holds={} holdback_violations={} \
-         wrong_outcomes={} unexpected_exits={} reconnect_failures={} failed_checks={} \
+         hot_jobs={} followers={} hot_kills={} hot_rolled_back={} wrong_outcomes={} unexpected_exits={} reconnect_failures={} failed_checks={} \
          torn_records={torn} duration={:.0}s",
         suite.jobs.len(),
         suite.seen.kills.len(),
@@ -99,6 +108,10 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         wide_peak.at_n,
         wide.wide_holds,
         wide.held_back.len(),
+        hot.jobs,
+        hot.followers,
+        suite.seen.hot_kills.len(),
+        hot.rolled_back,
         wrong_outcome.len(),
         unexpected.len(),
         suite.seen.reconnect_failures.len(),
@@ -131,6 +144,17 @@ pub(crate) fn report(suite: &Suite, plan: &Plan, found: Found, timing: Timing) -
         format!(
             "the groups of N > 1 never ran two jobs at once (wide_peak={}, committed {})",
             wide_peak.max, wide_peak.committed
+        ),
+    );
+    need(
+        hot.followers > 0,
+        "no job ever ran as a follower (followers=0)".to_owned(),
+    );
+    need(
+        suite.seen.hot_kills.len() >= plan.hot_kills,
+        format!(
+            "only {} kills of the hot worker",
+            suite.seen.hot_kills.len()
         ),
     );
     need(

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo_tests::faults::private_pg::{PrivatePg, StopMode};
 use pgfifo_tests::faults::rng::Rng;
+use pgfifo_tests::faults::runs::Mode;
 
 use crate::checks;
-use crate::jobs::{FAULT_LOG, FAULT_LONG, FAULT_TRACE};
+use crate::jobs::{FAULT_HOT, FAULT_LOG, FAULT_LONG, FAULT_TRACE, HOT_GROUPS};
 use crate::monitor::Monitor;
 use crate::plan::{self, Plan, Step};
 use crate::processes::{Fleet, Role};
@@ -95,6 +96,9 @@ async fn start_server(plan: &Plan, wide: &BTreeMap<u32, u32>) -> (PrivatePg, Pat
         conn.batch_execute(FAULT_LONG)
             .await
             .expect("create the long-mode log trigger");
+        conn.batch_execute(FAULT_HOT)
+            .await
+            .expect("create the hot jobs' log trigger");
         set_limits(&mut conn, wide).await;
     }
     (pg, run_dir, url)
@@ -119,6 +123,8 @@ async fn start_fleet(
         wide,
         retrying_in_wide: 0,
         waves: 0,
+        hot_seq: vec![0; HOT_GROUPS as usize],
+        hot_specials: vec![Mode::PanicOnce; plan.hot_panics],
         seen: Observed::default(),
         plan: plan.clone(),
     };
@@ -126,6 +132,7 @@ async fn start_fleet(
         suite.fleet.spawn(Role::Worker, plan.concurrency).await;
     }
     suite.fleet.spawn(Role::Freezer, 1).await;
+    suite.fleet.spawn(Role::Hot, HOT_GROUPS as usize).await;
     suite
 }
 
@@ -134,6 +141,7 @@ async fn start_fleet(
 fn schedule(plan: &Plan, rng: &mut Rng) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     steps.extend(std::iter::repeat_n(Step::Kill, plan.kills));
+    steps.extend(std::iter::repeat_n(Step::HotKill, plan.hot_kills));
     steps.extend(std::iter::repeat_n(Step::Terminate, plan.terminations));
     for i in 0..plan.restarts {
         let mode = if i % 2 == 1 {
@@ -175,11 +183,15 @@ async fn inject_faults(
     let mut freezes = 0;
     let mut prefetch_cuts = 0;
     for (i, step) in steps.iter().enumerate() {
-        let pause = suite.rng.range(plan.step_ms.0, plan.step_ms.1);
-        suite.pause(Duration::from_millis(pause)).await;
-        suite.top_up().await;
+        // A kill of the hot worker needs no pause: it waits for a burst.
+        if *step != Step::HotKill {
+            let pause = suite.rng.range(plan.step_ms.0, plan.step_ms.1);
+            suite.pause(Duration::from_millis(pause)).await;
+            suite.top_up().await;
+        }
         match *step {
             Step::Kill => suite.kill_one().await,
+            Step::HotKill => suite.kill_hot().await,
             Step::Terminate => suite.terminate_all().await,
             Step::Restart(mode) => suite.restart(pg, mode).await,
             Step::Freeze => {

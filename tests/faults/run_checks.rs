@@ -2,7 +2,9 @@
 //! (the workers' records): never more runs of a group at once than its
 //! concurrency N (1 for most groups: no overlap at all), and, in groups of
 //! N = 1, each run after the previous one in `seq` order. (Groups of N > 1
-//! start in FIFO order with some jitter: `wide.rs` checks them.)
+//! start in FIFO order with some jitter: `wide.rs` checks them; the hot
+//! groups' runs go back to the head after a batch that did not commit:
+//! `hot_checks.rs` checks their order.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -10,7 +12,8 @@ use std::time::Instant;
 use pgfifo_tests::faults::runs::{self, Cut, Interval, Line, RunKey};
 use pgfifo_tests::records::now_ns;
 
-use crate::jobs::{FAULT_TIMEOUT, FREEZE_TIMEOUT, LONG_FREEZE_TIMEOUT};
+use crate::hot_checks::is_hot;
+use crate::jobs::{FAULT_TIMEOUT, FREEZE_TIMEOUT, HOT_TIMEOUT, LONG_FREEZE_TIMEOUT};
 use crate::monitor::{AttemptRow, LogRow};
 use crate::processes::Cause;
 use crate::suite::Suite;
@@ -109,6 +112,8 @@ pub(crate) fn check_runs(
             FREEZE_TIMEOUT
         } else if job.queue == "freeze_long" {
             LONG_FREEZE_TIMEOUT
+        } else if job.queue == "hot" {
+            HOT_TIMEOUT
         } else {
             FAULT_TIMEOUT
         };
@@ -182,7 +187,7 @@ pub(crate) fn check_runs(
     }
     let one_at_a_time: Vec<Interval> = intervals
         .iter()
-        .filter(|i| suite.limit_of(i.grp) == 1)
+        .filter(|i| suite.limit_of(i.grp) == 1 && !is_hot(i.grp))
         .copied()
         .collect();
     for (a, b) in runs::order_violations(&one_at_a_time) {

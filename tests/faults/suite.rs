@@ -22,6 +22,8 @@ use crate::processes::{in_flight_since, Fleet, Role};
 #[derive(Default)]
 pub(crate) struct Observed {
     pub(crate) kills: Vec<(u32, i64)>,
+    /// SIGKILLs of the hot worker (`hot.rs`): its pid and when.
+    pub(crate) hot_kills: Vec<(u32, i64)>,
     pub(crate) terminations: usize,
     pub(crate) terminated_backends: i64,
     pub(crate) restarts: usize,
@@ -62,6 +64,10 @@ pub(crate) struct Suite {
     /// Jobs that fail an attempt, then succeed, put in those groups so far.
     pub(crate) retrying_in_wide: usize,
     pub(crate) waves: usize,
+    /// The next `seq` of each hot group (`hot.rs`).
+    pub(crate) hot_seq: Vec<u32>,
+    /// The planned panics still to go into hot groups.
+    pub(crate) hot_specials: Vec<Mode>,
     pub(crate) seen: Observed,
 }
 
@@ -175,8 +181,10 @@ impl Suite {
         self.jobs.iter().filter(|j| j.queue == "faults").count()
     }
 
-    /// Keeps a backlog so that kills always find handlers running.
+    /// Keeps a backlog so that kills always find handlers running, and
+    /// gives the hot groups a burst (`hot.rs`).
     pub(crate) async fn top_up(&mut self) {
+        self.top_up_hot().await;
         if self.fault_jobs() >= self.plan.max_jobs {
             return;
         }
@@ -285,9 +293,11 @@ impl Suite {
     }
 
     /// After a database fault at `t0`: every process that was alive then
-    /// (and still is) reconnects by itself, and every such normal worker
-    /// commits a job again.
+    /// (and still is) reconnects by itself, and every such normal or hot
+    /// worker commits a job again (the hot groups get a burst if they have
+    /// little left).
     pub(crate) async fn recover(&mut self, t0: i64, before: &[u32], what: &str) {
+        self.top_up_hot().await;
         let began = Instant::now();
         let deadline = began + Duration::from_secs(40);
         loop {
@@ -309,7 +319,7 @@ impl Suite {
                         us(t0)
                     ))
                     .await;
-                let committed = if role == Role::Worker {
+                let committed = if matches!(role, Role::Worker | Role::Hot) {
                     self.monitor
                         .scalar(&format!(
                             "SELECT count(*) FROM fault_log WHERE pid = {pid} AND start_ns > {t0}"

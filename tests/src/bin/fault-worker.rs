@@ -11,6 +11,8 @@
 //! * `CONCURRENCY`: jobs at once (default 4);
 //! * `IDLE_GRACE_MS`: `RunnerConfig::idle_grace` (default 2000);
 //! * `LONG_LEASE_MS`: `RunnerConfig::long_lease` (default 30000);
+//! * `MAX_BATCH`: `RunnerConfig::max_batch` (default the library's; 1 turns
+//!   followers off);
 //! * `POOL_SIZE`: the pool's size (default `2 * CONCURRENCY + 3`);
 //! * `FREEZE_HOLD_MS`: how long a freeze job waits at its freeze point
 //!   (default 2000);
@@ -22,7 +24,8 @@
 //! after a graceful stop (SIGTERM/SIGINT).
 //!
 //! Every handler writes one `fault_log` row through the job's own
-//! transaction, so the table holds exactly the runs that committed.
+//! transaction (a hot job, through its result and a trigger), so the table
+//! holds exactly the runs that committed.
 
 use std::fs::File;
 use std::io::Write;
@@ -109,6 +112,37 @@ struct LongFreezeJob {
     seq: u32,
     freeze: bool,
     work_ms: u32,
+}
+
+/// The hot groups' job (queue `hot`): a quick handler that never takes the
+/// job's connection, so that a group with a backlog of them runs a batch of
+/// its jobs per transaction (followers, see `pgfifo.pick`). Its run goes in
+/// the job's result (`HotRun`), which `pgfifo.complete` writes with the
+/// success; a trigger copies it to `fault_log` (`tests/faults/hot.rs`). In
+/// `PanicOnce` mode it panics on attempt 1 only: it cannot read its earlier
+/// attempts without taking the connection.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    kind = "faults.hot",
+    queue = "hot",
+    max_attempts = 25,
+    timeout = "1s",
+    backoff = "100ms"
+)]
+struct HotJob {
+    grp: u32,
+    seq: u32,
+    mode: Mode,
+    work_us: u32,
+}
+
+/// A hot job's run, stored as its result.
+#[derive(Serialize)]
+struct HotRun {
+    attempt: u32,
+    pid: u32,
+    start_ns: i64,
+    end_ns: i64,
 }
 
 static RECORDS: OnceLock<Mutex<File>> = OnceLock::new();
@@ -318,6 +352,30 @@ async fn fault_run(
 }
 
 #[async_trait]
+impl Handler for HotJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let (run, start_ns) = started(ctx, self.grp, self.seq);
+        if self.work_us > 0 {
+            tokio::time::sleep(Duration::from_micros(u64::from(self.work_us))).await;
+        }
+        let panics = self.mode == Mode::PanicOnce && ctx.attempt() == 1;
+        if !panics {
+            ctx.set_result(&HotRun {
+                attempt: ctx.attempt(),
+                pid: std::process::id(),
+                start_ns,
+                end_ns: now_ns(),
+            })?;
+        }
+        ended(run, if panics { "panic" } else { "ok" });
+        if panics {
+            panic!("fault-worker: planned panic in hot job {}", run.key.job);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
 impl Handler for FreezeJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
         freeze_run(ctx, self.grp, self.seq, self.freeze, self.work_ms, false).await
@@ -394,6 +452,7 @@ async fn run() -> Result<(), String> {
     let concurrency: usize = worker::number("CONCURRENCY", 4)?;
     let idle_grace = Duration::from_millis(worker::number("IDLE_GRACE_MS", 2000)?);
     let long_lease = Duration::from_millis(worker::number("LONG_LEASE_MS", 30_000)?);
+    let max_batch: usize = worker::number("MAX_BATCH", pgfifo::RunnerConfig::default().max_batch)?;
     FREEZE_HOLD
         .set(Duration::from_millis(worker::number(
             "FREEZE_HOLD_MS",
@@ -417,6 +476,7 @@ async fn run() -> Result<(), String> {
     let config = worker::base_config(queues, concurrency)
         .idle_grace(idle_grace)
         .long_lease(long_lease)
+        .max_batch(max_batch)
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
         .name(format!("{app}:{}", std::process::id()));
