@@ -1,25 +1,51 @@
-//! A single job into an idle group makes the group active in `enqueue`
-//! itself, when it can lock the group's row without waiting: no wake row,
-//! no promote. Its head is then the group's oldest queued job; the row
-//! stays locked until the enqueuer's transaction ends, and nobody waits for
-//! it. Everything else still goes through a wake row and promote.
+//! A single job enqueued alone in its transaction into an idle group makes
+//! the group active in `enqueue` itself, when it can lock the group's row
+//! without waiting: no wake row, no promote. Its head is then the group's
+//! oldest queued job; the row stays locked until the commit that follows,
+//! and nobody waits for it. pgfifo's enqueue says "alone" (the setting
+//! `pgfifo.enqueue_alone`) when diesel sees no transaction open; an enqueue
+//! inside a transaction, and everything else, still goes through a wake
+//! row and promote (see also `enqueue_interleavings.rs`).
 
 use std::time::Duration;
 
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{
+    AnsiTransactionManager, AsyncPgConnection, SimpleAsyncConnection, TransactionManager,
+};
+use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{query, TestDb};
+use serde::{Deserialize, Serialize};
 
 const QUEUE: &str = "activation";
 
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(queue = "activation")]
+pub struct ActivationJob {
+    n: i64,
+}
+
+#[async_trait]
+impl Handler for ActivationJob {
+    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
 /// The enqueue call of one job of `group` (delayed by `delay_ms`), as an
-/// expression yielding its id.
+/// expression yielding its id, as pgfifo's enqueue sends it outside a
+/// transaction (the function may make the group active). Sent inside an
+/// explicit transaction, it stands for the moment between that statement
+/// and its commit.
 fn enqueue_sql(group: &str, delay_ms: Option<i64>) -> String {
     let delay = delay_ms.map_or("NULL".to_string(), |ms| {
         format!("ARRAY[{}::bigint]", ms * 1000)
     });
     format!(
-        "(pgfifo.enqueue(ARRAY['{QUEUE}'], ARRAY['{group}'], ARRAY['k'], ARRAY['{{}}'::jsonb], \
-                         ARRAY[0::smallint], ARRAY[3], ARRAY[NULL::text], NULL, {delay}))[1]"
+        "(SELECT (pgfifo.enqueue(ARRAY['{QUEUE}'], ARRAY['{group}'], ARRAY['k'], \
+                                 ARRAY['{{}}'::jsonb], ARRAY[0::smallint], ARRAY[3], \
+                                 ARRAY[NULL::text], NULL, {delay}))[1] \
+          FROM (SELECT set_config('pgfifo.enqueue_alone', 'on', true) AS alone) AS s \
+          WHERE s.alone = 'on')"
     )
 }
 
@@ -61,6 +87,94 @@ async fn wake_rows(db: &TestDb, group: &str) -> i64 {
     .await
 }
 
+async fn promote(db: &TestDb) -> i64 {
+    db.scalar(&format!(
+        "(SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100))"
+    ))
+    .await
+}
+
+/// A pick in a job transaction that is rolled back: the lowest id picked
+/// (0: none).
+async fn pick_once(db: &TestDb) -> i64 {
+    let mut picker = db.direct().await;
+    picker
+        .batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
+        .await
+        .unwrap();
+    let picked = query::scalar(
+        &mut picker,
+        &format!(
+            "(SELECT coalesce(min(id), 0) \
+              FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 4))"
+        ),
+    )
+    .await;
+    picker.batch_execute("ROLLBACK").await.unwrap();
+    picked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgfifo_s_enqueue_outside_a_transaction_makes_an_idle_group_active() {
+    let db = TestDb::new().await;
+    idle_group(&db, "g").await;
+    let mut conn = db.direct().await;
+    let id = ActivationJob { n: 1 }
+        .enqueue(&mut conn, "g")
+        .await
+        .unwrap();
+    assert_eq!(head(&db, "g").await, Some(format!("{id} active")));
+    assert_eq!(wake_rows(&db, "g").await, 0, "no promote needed");
+    // The setting went with the statement's transaction.
+    assert_eq!(
+        db.text("SELECT coalesce(current_setting('pgfifo.enqueue_alone', true), '')")
+            .await
+            .as_deref(),
+        Some("")
+    );
+}
+
+/// pgfifo's enqueue inside a transaction (opened through diesel) that goes
+/// on leaves a wake row and holds nothing: another producer's job of the
+/// group, committed meanwhile, runs while the transaction is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgfifo_s_enqueue_in_a_transaction_holds_nothing() {
+    let db = TestDb::new().await;
+    idle_group(&db, "g").await;
+    let mut open = db.direct().await;
+    AnsiTransactionManager::begin_transaction(&mut open)
+        .await
+        .unwrap();
+    let first = ActivationJob { n: 1 }
+        .enqueue(&mut open, "g")
+        .await
+        .unwrap();
+    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    assert_eq!(
+        wake_rows(&db, "g").await,
+        0,
+        "not visible before the commit"
+    );
+
+    let mut other = db.direct().await;
+    let committed = ActivationJob { n: 2 }
+        .enqueue(&mut other, "g")
+        .await
+        .unwrap();
+    assert!(committed > first);
+    assert_eq!(head(&db, "g").await, Some(format!("{committed} active")));
+    let picked = pick_once(&db).await;
+    AnsiTransactionManager::commit_transaction(&mut open)
+        .await
+        .unwrap();
+    assert_eq!(
+        picked, committed,
+        "a committed job waits for an open enqueue"
+    );
+    // The open transaction's job is woken by its wake row, and runs after.
+    assert_eq!(wake_rows(&db, "g").await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_group_becomes_active_in_the_enqueue() {
     let db = TestDb::new().await;
@@ -96,8 +210,10 @@ async fn an_older_job_waiting_for_promote_becomes_the_head() {
     assert_eq!(head(&db, "g").await, Some(format!("{older} active")));
 }
 
+/// Between an activating enqueue and its commit the group's row is held:
+/// nobody waits for it (held open here to widen that moment).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_enqueue_holds_the_group_but_nobody_waits_for_it() {
+async fn an_activating_enqueue_holds_the_group_until_its_commit_and_nobody_waits() {
     let db = TestDb::new().await;
     idle_group(&db, "g").await;
     let mut open = db.direct().await;
@@ -125,10 +241,7 @@ async fn an_open_enqueue_holds_the_group_but_nobody_waits_for_it() {
     open.batch_execute("COMMIT").await.unwrap();
     assert_eq!(head(&db, "g").await, Some(format!("{first} active")));
     // Promote leaves the head alone (the woken job is younger).
-    db.scalar(&format!(
-        "(SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100))"
-    ))
-    .await;
+    promote(&db).await;
     assert_eq!(head(&db, "g").await, Some(format!("{first} active")));
     picker
         .batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
@@ -169,4 +282,25 @@ async fn delayed_jobs_paused_groups_and_new_groups_go_through_promote() {
     enqueue(&mut conn, "paused").await;
     assert_eq!(head(&db, "paused").await.as_deref(), Some("- idle"));
     assert_eq!(wake_rows(&db, "paused").await, 1);
+}
+
+/// An activating enqueue whose transaction rolls back leaves the group
+/// idle, and another producer's job, committed
+/// meanwhile, is still promoted (its wake row was put back, not lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_activation_loses_no_wake_row() {
+    let db = TestDb::new().await;
+    idle_group(&db, "g").await;
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    enqueue(&mut open, "g").await;
+    let mut other = db.direct().await;
+    let committed = enqueue(&mut other, "g").await;
+    assert_eq!(promote(&db).await, 0, "the row is locked: put back");
+    open.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    // Nothing notifies now (the rollback sends nothing, promote's put-back
+    // sends nothing): the next poll's promote finds the wake row.
+    promote(&db).await;
+    assert_eq!(head(&db, "g").await, Some(format!("{committed} active")));
 }

@@ -12,6 +12,7 @@ mod smoke;
 mod bad_input;
 mod enqueue_activation;
 mod enqueue_api;
+mod enqueue_interleavings;
 mod enqueue_no_wait;
 mod enqueue_options;
 mod migrations;

@@ -229,7 +229,12 @@ impl NewJob {
 /// Within a group, jobs are ordered as given. Like a single enqueue, it joins
 /// the connection's transaction if one is open: the jobs become visible to
 /// runners when it commits and vanish if it rolls back. The transaction must
-/// be READ COMMITTED (PostgreSQL's default).
+/// be READ COMMITTED (PostgreSQL's default). Open it through diesel
+/// (`conn.transaction(…)`), not with a `BEGIN` of your own: outside what
+/// diesel sees as a transaction, a single job into an idle group makes the
+/// group active in the enqueue itself and keeps the group's row locked
+/// until the transaction commits, which holds back the group's other jobs
+/// if the transaction goes on.
 pub async fn enqueue_batch(
     conn: &mut AsyncPgConnection,
     jobs: impl IntoIterator<Item = NewJob>,

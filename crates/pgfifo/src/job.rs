@@ -91,8 +91,9 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// Enqueues this job in group `group` (a tenant, an account, a device…).
     ///
     /// Jobs of one group run one at a time, in enqueue order. Run this inside
-    /// the application's own transaction to make the job appear only if that
-    /// transaction commits.
+    /// the application's own transaction (opened through diesel,
+    /// `conn.transaction(…)`; see [`enqueue_batch`](crate::enqueue_batch)) to
+    /// make the job appear only if that transaction commits.
     fn enqueue<'a>(
         &'a self,
         conn: &'a mut AsyncPgConnection,

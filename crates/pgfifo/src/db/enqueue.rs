@@ -4,7 +4,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Nullable, SmallInt, Text}
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::pooler::pinned;
+use super::pooler::{in_transaction, pinned};
 use super::statement::{bind, cached};
 use crate::JobId;
 
@@ -30,13 +30,29 @@ struct IdsRow {
 
 const ENQUEUE: &str = "SELECT pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS ids";
 
+/// [`ENQUEUE`] as the only statement of its transaction: it tells
+/// `pgfifo.enqueue`, through the transaction-local setting
+/// `pgfifo.enqueue_alone` (set before the call, gone with the commit that
+/// follows), that it may make an idle group active itself, holding the
+/// group's row until that commit.
+const ENQUEUE_ALONE: &str = "SELECT pgfifo.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9) AS ids \
+     FROM (SELECT set_config('pgfifo.enqueue_alone', 'on', true) AS alone) AS s \
+     WHERE s.alone = 'on'";
+
 /// Inserts a batch of jobs in one round trip; returns their ids in input
 /// order. Runs in the caller's transaction, if one is open (through a
-/// transaction-mode pooler, in one of its own otherwise).
+/// transaction-mode pooler, in one of its own otherwise). Outside one (as
+/// diesel sees it: a transaction opened with `BEGIN` sent by hand counts as
+/// none) the statement commits by itself, and says so to the function.
 pub(crate) async fn enqueue(
     conn: &mut AsyncPgConnection,
     jobs: EnqueueArrays,
 ) -> diesel::QueryResult<Vec<JobId>> {
+    let sql = if in_transaction(conn) {
+        ENQUEUE
+    } else {
+        ENQUEUE_ALONE
+    };
     // NULL rather than an array of NULLs: the function's fast path.
     let unique_keys = jobs
         .unique_key
@@ -44,7 +60,7 @@ pub(crate) async fn enqueue(
         .any(Option::is_some)
         .then_some(jobs.unique_key);
     let statement = cached(
-        ENQUEUE,
+        sql,
         (
             bind::<Array<Text>, _>(jobs.queue),
             bind::<Array<Nullable<Text>>, _>(jobs.group),

@@ -121,7 +121,7 @@ pub fn is_transaction_pooled(conn: &mut AsyncPgConnection) -> bool {
 /// Whether `conn` has a transaction open, as diesel sees it. A connection
 /// whose transaction state is broken counts as open: pgfifo adds nothing to
 /// it, and the statement reports the problem.
-fn in_transaction(conn: &mut AsyncPgConnection) -> bool {
+pub(crate) fn in_transaction(conn: &mut AsyncPgConnection) -> bool {
     match AnsiTransactionManager::transaction_manager_status_mut(conn) {
         TransactionManagerStatus::Valid(status) => status.transaction_depth().is_some(),
         TransactionManagerStatus::InError => true,

@@ -13,14 +13,17 @@
 -- it writes to (striped, see group_lock_key) and keeps it until its
 -- transaction ends. For a group that is missing or idle (no head) it
 -- appends a row to pgfifo.group_wake, and a runner makes the group active
--- after this transaction commits (promote); a single job into an idle
--- group may make it active itself, when it can lock the group's row without
--- waiting (below), and then holds that row until it ends. A group that is active needs nothing: its
--- runner finds the new job when it advances the head. The one race, a runner
--- declaring the group idle while this transaction is open, is closed by the
--- advisory lock: advance_head declares a group idle only if it can take the
--- lock exclusively (so no enqueuer is in flight), or it did so first, and the
--- statement below that looks for active groups sees the group idle.
+-- after this transaction commits (promote). A single job enqueued alone in
+-- its transaction may make an idle group active itself, when it can lock
+-- the group's row without waiting (below); it holds that row only until
+-- its commit, which follows at once. A group that is active (or held by a
+-- failed head) needs nothing: its runner finds the new job when it advances
+-- the head, or the release of the hold does. The one race, a group
+-- declared idle while this transaction is open, is closed by the advisory
+-- lock: a group becomes idle only in advance_head, which declares it idle
+-- only if it can take the lock exclusively (so no enqueuer is in flight),
+-- or it did so first, and the statement below that looks for active groups
+-- sees the group idle.
 --
 -- Enqueue waits for nothing but that exclusive lock, held by a runner for the
 -- moment between declaring a group idle and committing (group rows are
@@ -85,8 +88,8 @@ BEGIN
             v_void := pg_notify('pgfifo', p_queue[1])::text;
             RETURN ARRAY[v_id];
         END IF;
-        -- The group's row, read once (its state cannot change under the
-        -- advisory lock this holds: see above). An active group needs
+        -- The group's row, read once: it cannot become idle under the
+        -- advisory lock this holds (see above). An active group needs
         -- nothing.
         SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
         WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
@@ -102,12 +105,19 @@ BEGIN
         -- stays locked until this transaction ends: picks pass it by (SKIP
         -- LOCKED) until the job is visible, and another enqueuer of the
         -- group, finding it locked, leaves a wake row instead of waiting.
-        -- Everything else leaves one too: a missing group row (its insert
-        -- could wait for another enqueuer's), a head not due yet (its time
-        -- reaches the runner through promote), a paused group, a held one,
-        -- group controls, and a schema without them (reverted under these
+        -- So only an enqueue that is its transaction's only statement does
+        -- it (the caller says so: pgfifo.enqueue_alone, set by pgfifo's
+        -- enqueue outside a transaction): in a transaction that goes on,
+        -- the lock would hold back other producers' committed jobs of the
+        -- group for as long as it lasts.
+        -- Everything else leaves a wake row: an enqueue inside a longer
+        -- transaction, a missing group row (its insert could wait for
+        -- another enqueuer's), a head not due yet (its time reaches the
+        -- runner through promote), a paused group, a held one, group
+        -- controls, and a schema without them (reverted under these
         -- functions).
         IF v_active IS NOT NULL AND v_at <= clock_timestamp()
+           AND current_setting('pgfifo.enqueue_alone', true) = 'on'
            AND to_regclass('pgfifo.group_control') IS NOT NULL THEN
             UPDATE pgfifo.queue_group AS g
             SET head_id = n.id, priority = n.priority, ready_at = n.run_after, idle_since = NULL

@@ -50,6 +50,7 @@ DECLARE
     v_head_at timestamptz;
     v_due   timestamptz;
     v_controlled boolean;
+    v_head_us bigint;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     FOR v_wake IN
@@ -103,11 +104,17 @@ BEGIN
         ORDER BY j.id LIMIT 1;
         IF NOT FOUND THEN
             IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
-                -- A released held group with nothing behind its head: idle.
-                -- (Enqueuers see a held group as inactive and always wake
-                -- it, so declaring it idle misses none of them.)
-                UPDATE pgfifo.queue_group SET head_id = NULL, idle_since = now()
-                WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+                -- A released held group with nothing visible behind its
+                -- head: idle, through advance_head, which declares it so
+                -- only while no enqueuer is in flight. An enqueuer that saw
+                -- the group active before its head failed and held it left
+                -- no wake row; its job, not committed yet, is invisible
+                -- here. advance_head then leaves the finished head in place,
+                -- ready in 50 ms, and the pick that finds it looks again.
+                v_head_us := pgfifo.advance_head(v_wake.queue, v_wake.group_id, v_group.head_id);
+                IF v_head_us > 0 THEN
+                    ready_later_us := ready_later_us || v_head_us;
+                END IF;
             END IF;
             CONTINUE;
         END IF;

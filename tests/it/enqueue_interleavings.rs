@@ -1,0 +1,442 @@
+//! Interleavings of an enqueue whose transaction stays open with promote,
+//! pick, complete and operators' commands, forced with explicit
+//! transactions on separate connections: the enqueue of an application's
+//! transaction, or of a handler, that goes on after it.
+//!
+//! Such an enqueue never makes its group active itself (only one that is
+//! its transaction's only statement does, see `enqueue_activation.rs`), so
+//! it never holds a group's row: other producers' committed jobs of the
+//! group run while it is open, whatever raced with it. Several of these
+//! failed while every single-job enqueue could make its group active
+//! (933277c): the open transaction then held the group's row, and with it
+//! the group's committed jobs, for as long as it lasted.
+
+use std::time::Duration;
+
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use pgfifo_tests::{query, TestDb};
+
+const QUEUE: &str = "review";
+
+/// The enqueue call of one job of `group`, as an expression yielding its id.
+fn enqueue_sql(group: &str) -> String {
+    format!(
+        "(pgfifo.enqueue(ARRAY['{QUEUE}'], ARRAY['{group}'], ARRAY['k'], ARRAY['{{}}'::jsonb], \
+                         ARRAY[0::smallint], ARRAY[3], ARRAY[NULL::text], NULL, NULL))[1]"
+    )
+}
+
+/// Enqueues one job of `group` on `conn`; never waits (bounded by 5 s).
+async fn enqueue(conn: &mut AsyncPgConnection, group: &str) -> i64 {
+    let call = enqueue_sql(group);
+    tokio::time::timeout(Duration::from_secs(5), query::scalar(conn, &call))
+        .await
+        .expect("enqueue waited")
+}
+
+async fn promote(db: &TestDb) -> i64 {
+    db.scalar(&format!(
+        "(SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100))"
+    ))
+    .await
+}
+
+/// A group that has run a job and gone idle (its row exists, no head).
+async fn idle_group(db: &TestDb, group: &str) {
+    let first = db.scalar(&enqueue_sql(group)).await;
+    promote(db).await;
+    db.exec(&format!(
+        "UPDATE pgfifo.job SET state = 'succeeded', finished_at = now() WHERE id = {first}; \
+         UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL, idle_since = now() \
+         WHERE queue = '{QUEUE}' AND group_id = '{group}'"
+    ))
+    .await;
+}
+
+async fn head(db: &TestDb, group: &str) -> Option<String> {
+    db.text(&format!(
+        "SELECT coalesce(head_id::text, '-') || CASE WHEN ready_at IS NULL THEN ' idle' ELSE ' active' END \
+         FROM pgfifo.queue_group WHERE queue = '{QUEUE}' AND group_id = '{group}'"
+    ))
+    .await
+}
+
+/// Whether another transaction could lock the group's row right now.
+async fn row_free(db: &TestDb, group: &str) -> bool {
+    let mut conn = db.direct().await;
+    conn.batch_execute("BEGIN").await.unwrap();
+    let n = query::scalar(
+        &mut conn,
+        &format!(
+            "SELECT count(*) FROM (SELECT 1 FROM pgfifo.queue_group \
+             WHERE queue = '{QUEUE}' AND group_id = '{group}' FOR UPDATE SKIP LOCKED) AS s"
+        ),
+    )
+    .await;
+    conn.batch_execute("ROLLBACK").await.unwrap();
+    n == 1
+}
+
+const JOB_TX: &str = "BEGIN; SET LOCAL pgfifo.job_transaction = on";
+
+/// A pick on `conn` in a job transaction that stays open: the lowest id
+/// picked (0: none).
+async fn pick_open(conn: &mut AsyncPgConnection) -> i64 {
+    conn.batch_execute(JOB_TX).await.unwrap();
+    query::scalar(
+        conn,
+        &format!(
+            "(SELECT coalesce(min(id), 0) FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 4))"
+        ),
+    )
+    .await
+}
+
+/// A pick in a job transaction that is rolled back: the lowest id picked.
+async fn pick_once(db: &TestDb) -> i64 {
+    let mut conn = db.direct().await;
+    let id = pick_open(&mut conn).await;
+    conn.batch_execute("ROLLBACK").await.unwrap();
+    id
+}
+
+fn complete_sql(id: i64, group: &str, outcome: &str, delay_us: i64) -> String {
+    format!(
+        "SELECT 1 FROM pgfifo.complete(ARRAY[{id}]::bigint[], ARRAY[1], ARRAY['{outcome}'], \
+         ARRAY[NULL::text], ARRAY[NULL::jsonb], ARRAY[{delay_us}::bigint], \
+         ARRAY['{QUEUE}'], ARRAY['{group}'])"
+    )
+}
+
+/// An application's transaction that enqueued into an idle group and
+/// stays open holds nothing: a job that another producer enqueued *and
+/// committed* meanwhile is promoted and runs at once (its later id is no
+/// obstacle: the open transaction's job is invisible, and "a job whose
+/// transaction commits late may find a later id already started").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_enqueue_holds_back_committed_jobs_of_its_group() {
+    let db = TestDb::new().await;
+    idle_group(&db, "g").await;
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let first = enqueue(&mut open, "g").await;
+
+    let mut other = db.direct().await;
+    let committed = enqueue(&mut other, "g").await;
+    assert!(committed > first);
+    // The runner's reaction to that commit's notification.
+    promote(&db).await;
+    let picked = pick_once(&db).await;
+
+    open.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        picked, committed,
+        "a committed job of the group waits for another enqueuer's open transaction"
+    );
+}
+
+/// The same in a queue with group controls: the enqueue leaves a wake row,
+/// locks nothing, and committed jobs of other producers are promoted while
+/// the enqueuer's transaction is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_that_does_not_activate_locks_nothing() {
+    let db = TestDb::new().await;
+    // Group controls in the queue (for another group).
+    db.exec(&format!(
+        "SELECT pgfifo.set_group_control('{QUEUE}', 'other', NULL, NULL, NULL, 2)"
+    ))
+    .await;
+    idle_group(&db, "g").await;
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    enqueue(&mut open, "g").await;
+    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    let free = row_free(&db, "g").await;
+
+    let mut other = db.direct().await;
+    let committed = enqueue(&mut other, "g").await;
+    promote(&db).await;
+    let after_promote = head(&db, "g").await;
+    open.batch_execute("ROLLBACK").await.unwrap();
+
+    assert!(
+        free,
+        "an enqueue that left a wake row holds the idle group's row"
+    );
+    assert_eq!(
+        after_promote,
+        Some(format!("{committed} active")),
+        "promote could not make the committed job the head"
+    );
+}
+
+/// When the group's oldest queued job is a delayed one still waiting for
+/// promote, an open enqueue of a job due now leaves the group's row alone:
+/// promote sets the delayed head (and tells the runner its time) while the
+/// enqueuer's transaction is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_behind_a_delayed_job_locks_nothing() {
+    let db = TestDb::new().await;
+    idle_group(&db, "g").await;
+    let mut conn = db.direct().await;
+    let delayed = query::scalar(
+        &mut conn,
+        &format!(
+            "(pgfifo.enqueue(ARRAY['{QUEUE}'], ARRAY['g'], ARRAY['k'], ARRAY['{{}}'::jsonb], \
+                             ARRAY[0::smallint], ARRAY[3], ARRAY[NULL::text], NULL, \
+                             ARRAY[1000000::bigint]))[1]"
+        ),
+    )
+    .await;
+    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    enqueue(&mut open, "g").await;
+    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    let free = row_free(&db, "g").await;
+    promote(&db).await;
+    let after_promote = head(&db, "g").await;
+    open.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        free,
+        "an enqueue that did not activate holds the idle group's row (head after promote: {after_promote:?})"
+    );
+    assert_eq!(after_promote, Some(format!("{delayed} active")));
+}
+
+/// The same in a paused group: an enqueue that found it paused holds
+/// nothing, and resuming it starts its committed jobs while that
+/// enqueuer's transaction is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_into_a_paused_group_does_not_hold_back_its_resume() {
+    let db = TestDb::new().await;
+    idle_group(&db, "g").await;
+    db.exec(&format!("SELECT pgfifo.pause_group('{QUEUE}', 'g')"))
+        .await;
+    let mut conn = db.direct().await;
+    let waiting = enqueue(&mut conn, "g").await;
+    promote(&db).await; // paused: stays idle
+    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    enqueue(&mut open, "g").await;
+
+    db.exec(&format!("SELECT pgfifo.resume_group('{QUEUE}', 'g')"))
+        .await;
+    promote(&db).await;
+    let after_resume = head(&db, "g").await;
+    open.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        after_resume,
+        Some(format!("{waiting} active")),
+        "the resumed group's committed job waits for an open enqueue"
+    );
+}
+
+/// The one place where a runner waits for a group row (complete of a slot
+/// job that retries, snoozes or holds, FOR UPDATE) is never made to wait
+/// by an enqueuer: the only idle slot group with a job running is a paused
+/// one (parked beside its running slot job), and an enqueue into it locks
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_never_waits_for_an_enqueue() {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "SELECT pgfifo.set_group_control('{QUEUE}', 'g', NULL, NULL, NULL, 2)"
+    ))
+    .await;
+    let mut conn = db.direct().await;
+    let j1 = enqueue(&mut conn, "g").await;
+    enqueue(&mut conn, "g").await;
+    promote(&db).await;
+    assert_eq!(head(&db, "g").await, Some(format!("{j1} active")));
+
+    // The slot job runs.
+    let mut runner = db.direct().await;
+    assert_eq!(pick_open(&mut runner).await, j1);
+
+    // Paused; the next pick parks the group (idle) while j1 runs.
+    db.exec(&format!("SELECT pgfifo.pause_group('{QUEUE}', 'g')"))
+        .await;
+    let mut parker = db.direct().await;
+    assert_eq!(pick_open(&mut parker).await, 0);
+    parker.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+
+    // An application transaction enqueues into the group and stays open.
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    enqueue(&mut open, "g").await;
+
+    // j1 fails and will be retried.
+    runner
+        .batch_execute("SET LOCAL lock_timeout = '3s'")
+        .await
+        .unwrap();
+    let completed = runner
+        .batch_execute(&complete_sql(j1, "g", "retry", 1_000_000))
+        .await;
+    let _ = runner.batch_execute("ROLLBACK").await;
+    open.batch_execute("ROLLBACK").await.unwrap();
+    if let Err(err) = completed {
+        panic!("the job's completion waited for the enqueuer's transaction: {err}");
+    }
+}
+
+/// FIFO between committed jobs of two open enqueuers: p's job (older id)
+/// finds the group's row held for a moment (a promote, here a stand-in)
+/// and leaves a wake row; a second enqueuer, whose transaction is open,
+/// enqueues a younger job. p commits first and its job runs first: the
+/// second, open, did not make the group active with its own job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_committed_first_with_the_older_id_runs_first() {
+    let db = TestDb::new().await;
+    idle_group(&db, "g").await;
+    let mut holder = db.direct().await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM pgfifo.queue_group \
+             WHERE queue = '{QUEUE}' AND group_id = 'g' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let mut p = db.direct().await;
+    p.batch_execute("BEGIN").await.unwrap();
+    let older = enqueue(&mut p, "g").await;
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    let mut q = db.direct().await;
+    q.batch_execute("BEGIN").await.unwrap();
+    let younger = enqueue(&mut q, "g").await;
+    assert!(younger > older);
+
+    p.batch_execute("COMMIT").await.unwrap();
+    promote(&db).await; // on p's notification: the row is locked
+    q.batch_execute("COMMIT").await.unwrap();
+    // q notified on pgfifo: a lane picks, nobody promotes.
+    assert_eq!(
+        pick_once(&db).await,
+        older,
+        "the younger job runs before an older one that committed first"
+    );
+}
+
+/// A group held by a failed head (policy 'hold') that is released (the
+/// policy goes back to 'continue') with nothing visible behind its head is
+/// declared idle only through advance_head, under the group's advisory
+/// lock. An enqueuer that found the group active before it was held left
+/// no wake row; while it is in flight, the group stays active on its
+/// finished head, and its job runs once it commits. (0.1.0's promote set
+/// the head to NULL directly and stranded that job: the group stayed idle
+/// with a queued job and nothing woke it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_held_group_does_not_strand_an_enqueue_in_flight() {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "SELECT pgfifo.set_failure_policy('{QUEUE}', 'hold')"
+    ))
+    .await;
+    let mut conn = db.direct().await;
+    let j1 = enqueue(&mut conn, "g").await;
+    promote(&db).await;
+
+    // The head runs.
+    let mut runner = db.direct().await;
+    assert_eq!(pick_open(&mut runner).await, j1);
+
+    // An enqueuer finds the group active: nothing to wake.
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let j2 = enqueue(&mut open, "g").await;
+
+    // The head fails for good and holds the group.
+    runner
+        .batch_execute(&complete_sql(j1, "g", "failed", 0))
+        .await
+        .unwrap();
+    runner.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(head(&db, "g").await, Some(format!("{j1} idle")));
+
+    // The operator lets the queue go on; promote releases the group.
+    db.exec(&format!(
+        "SELECT pgfifo.set_failure_policy('{QUEUE}', 'continue')"
+    ))
+    .await;
+    promote(&db).await;
+    // The enqueuer is in flight: the group stays active on its finished
+    // head, for a pick to look at again in a moment.
+    assert_eq!(head(&db, "g").await, Some(format!("{j1} active")));
+    open.batch_execute("COMMIT").await.unwrap();
+    promote(&db).await;
+    db.wait_for(
+        &format!(
+            "SELECT count(*) FROM pgfifo.queue_group WHERE queue = '{QUEUE}' AND group_id = 'g' \
+             AND ready_at <= now()"
+        ),
+        1,
+        Duration::from_secs(2),
+    )
+    .await;
+    // The pick that finds the finished head moves it to j2 (and may stop
+    // there, leaving j2 to the next pick).
+    let mut repair = db.direct().await;
+    let first = pick_open(&mut repair).await;
+    repair.batch_execute("COMMIT").await.unwrap();
+    let picked = if first == 0 {
+        pick_once(&db).await
+    } else {
+        first
+    };
+    assert_eq!(
+        picked,
+        j2,
+        "the enqueued job is stranded (group: {:?})",
+        head(&db, "g").await
+    );
+}
+
+/// The idle race with the advisory lock. A runner completing the
+/// group's last job while an enqueuer of the group is in flight cannot
+/// declare the group idle; once the enqueuer commits, the job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_in_flight_keeps_a_finishing_group_active() {
+    let db = TestDb::new().await;
+    let mut conn = db.direct().await;
+    let j1 = enqueue(&mut conn, "g").await;
+    promote(&db).await;
+    let mut runner = db.direct().await;
+    assert_eq!(pick_open(&mut runner).await, j1);
+
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let j2 = enqueue(&mut open, "g").await;
+
+    runner
+        .batch_execute(&complete_sql(j1, "g", "succeeded", 0))
+        .await
+        .unwrap();
+    runner.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(head(&db, "g").await, Some(format!("{j1} active")));
+    open.batch_execute("COMMIT").await.unwrap();
+    // The repair pick: the finished head moves to j2 (ready 50 ms later).
+    db.wait_for(
+        &format!(
+            "SELECT count(*) FROM pgfifo.queue_group WHERE queue = '{QUEUE}' AND group_id = 'g' \
+             AND ready_at <= now()"
+        ),
+        1,
+        Duration::from_secs(2),
+    )
+    .await;
+    let mut repair = db.direct().await;
+    let first = pick_open(&mut repair).await;
+    repair.batch_execute("COMMIT").await.unwrap();
+    let picked = if first == 0 {
+        pick_once(&db).await
+    } else {
+        first
+    };
+    assert_eq!(picked, j2);
+}
