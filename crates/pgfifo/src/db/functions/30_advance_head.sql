@@ -20,7 +20,11 @@
 --     a little ahead. The group stays active, so enqueuers need do nothing;
 --     the next pick of it finds a finished head and calls this again.
 -- Never waiting here is what keeps enqueues from waiting for running jobs
--- and jobs from deadlocking with each other's enqueues.
+-- and jobs from deadlocking with each other's enqueues. Once granted, the
+-- lock lasts until the caller's transaction ends, so the caller must end it
+-- before running a job: complete calls this last, and a pick that called
+-- it (the setting pgfifo.holds_group_lock says so) runs nothing and asks to
+-- be called again.
 --
 -- In the common case (the next head is ready now, same priority) only head_id
 -- changes, which makes the update a HOT update (see queue_group).
@@ -52,6 +56,10 @@ BEGIN
             WHERE queue = p_queue AND group_id = p_group;
             RETURN 50000;
         END IF;
+        -- The lock lasts until the caller's transaction ends, and enqueuers
+        -- of the group wait for it: the caller must not run a job in this
+        -- transaction now (see pick).
+        PERFORM set_config('pgfifo.holds_group_lock', 'on', true);
         SELECT id, priority, run_after INTO v_next FROM pgfifo.job
         WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
         ORDER BY id LIMIT 1;

@@ -505,7 +505,18 @@ BEGIN
                                 -- The head was finished or deleted out of band.
                                 -- Repair the pointer; the row stays locked until T
                                 -- ends, so run this group's new head or nothing.
+                                -- Nothing, too, when advance_head took the group's
+                                -- advisory lock (it looked for enqueuers in flight
+                                -- and then found a job committed meanwhile): that
+                                -- lock lasts until T ends, and enqueuers of the
+                                -- group would wait for the job's whole run. The
+                                -- caller commits and picks the new head again.
                                 PERFORM pgfifo.advance_head(v_group.queue, v_group.group_id, v_group.head_id);
+                                IF current_setting('pgfifo.holds_group_lock', true) = 'on' THEN
+                                    RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
+                                                        NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
+                                    RETURN;
+                                END IF;
                                 SELECT j.* INTO v_job
                                 FROM pgfifo.queue_group AS g
                                 JOIN pgfifo.job AS j ON j.id = g.head_id
