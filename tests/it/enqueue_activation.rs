@@ -16,6 +16,8 @@ use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{query, TestDb};
 use serde::{Deserialize, Serialize};
 
+use crate::group_probe::{finish_and_idle, head, hold_row, pick_once, promote, wake_rows};
+
 const QUEUE: &str = "activation";
 
 #[derive(Job, Serialize, Deserialize, Debug, Clone)]
@@ -59,59 +61,8 @@ async fn enqueue(conn: &mut AsyncPgConnection, group: &str) -> i64 {
 /// A group that has run a job and gone idle (its row exists, no head).
 async fn idle_group(db: &TestDb, group: &str) {
     let first = db.scalar(&enqueue_sql(group, None)).await;
-    db.scalar(&format!(
-        "(SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100))"
-    ))
-    .await;
-    // What complete and advance_head leave behind when nothing follows.
-    db.exec(&format!(
-        "UPDATE pgfifo.job SET state = 'succeeded', finished_at = now() WHERE id = {first}; \
-         UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL, idle_since = now() \
-         WHERE queue = '{QUEUE}' AND group_id = '{group}'"
-    ))
-    .await;
-}
-
-async fn head(db: &TestDb, group: &str) -> Option<String> {
-    db.text(&format!(
-        "SELECT coalesce(head_id::text, '-') || CASE WHEN ready_at IS NULL THEN ' idle' ELSE ' active' END \
-         FROM pgfifo.queue_group WHERE queue = '{QUEUE}' AND group_id = '{group}'"
-    ))
-    .await
-}
-
-async fn wake_rows(db: &TestDb, group: &str) -> i64 {
-    db.scalar(&format!(
-        "SELECT count(*) FROM pgfifo.group_wake WHERE queue = '{QUEUE}' AND group_id = '{group}'"
-    ))
-    .await
-}
-
-async fn promote(db: &TestDb) -> i64 {
-    db.scalar(&format!(
-        "(SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100))"
-    ))
-    .await
-}
-
-/// A pick in a job transaction that is rolled back: the lowest id picked
-/// (0: none).
-async fn pick_once(db: &TestDb) -> i64 {
-    let mut picker = db.direct().await;
-    picker
-        .batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
-        .await
-        .unwrap();
-    let picked = query::scalar(
-        &mut picker,
-        &format!(
-            "(SELECT coalesce(min(id), 0) \
-              FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 4))"
-        ),
-    )
-    .await;
-    picker.batch_execute("ROLLBACK").await.unwrap();
-    picked
+    promote(db, QUEUE).await;
+    finish_and_idle(db, QUEUE, group, first).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,8 +74,8 @@ async fn pgfifo_s_enqueue_outside_a_transaction_makes_an_idle_group_active() {
         .enqueue(&mut conn, "g")
         .await
         .unwrap();
-    assert_eq!(head(&db, "g").await, Some(format!("{id} active")));
-    assert_eq!(wake_rows(&db, "g").await, 0, "no promote needed");
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{id} active")));
+    assert_eq!(wake_rows(&db, QUEUE, "g").await, 0, "no promote needed");
     // The setting went with the statement's transaction.
     assert_eq!(
         db.text("SELECT coalesce(current_setting('pgfifo.enqueue_alone', true), '')")
@@ -149,9 +100,9 @@ async fn pgfifo_s_enqueue_in_a_transaction_holds_nothing() {
         .enqueue(&mut open, "g")
         .await
         .unwrap();
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
     assert_eq!(
-        wake_rows(&db, "g").await,
+        wake_rows(&db, QUEUE, "g").await,
         0,
         "not visible before the commit"
     );
@@ -162,8 +113,11 @@ async fn pgfifo_s_enqueue_in_a_transaction_holds_nothing() {
         .await
         .unwrap();
     assert!(committed > first);
-    assert_eq!(head(&db, "g").await, Some(format!("{committed} active")));
-    let picked = pick_once(&db).await;
+    assert_eq!(
+        head(&db, QUEUE, "g").await,
+        Some(format!("{committed} active"))
+    );
+    let picked = pick_once(&db, QUEUE).await;
     AnsiTransactionManager::commit_transaction(&mut open)
         .await
         .unwrap();
@@ -172,7 +126,7 @@ async fn pgfifo_s_enqueue_in_a_transaction_holds_nothing() {
         "a committed job waits for an open enqueue"
     );
     // The open transaction's job is woken by its wake row, and runs after.
-    assert_eq!(wake_rows(&db, "g").await, 1);
+    assert_eq!(wake_rows(&db, QUEUE, "g").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,8 +135,8 @@ async fn an_idle_group_becomes_active_in_the_enqueue() {
     idle_group(&db, "g").await;
     let mut conn = db.direct().await;
     let id = enqueue(&mut conn, "g").await;
-    assert_eq!(head(&db, "g").await, Some(format!("{id} active")));
-    assert_eq!(wake_rows(&db, "g").await, 0, "no promote needed");
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{id} active")));
+    assert_eq!(wake_rows(&db, QUEUE, "g").await, 0, "no promote needed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,23 +145,16 @@ async fn an_older_job_waiting_for_promote_becomes_the_head() {
     idle_group(&db, "g").await;
     // Someone (a promote, an operator) holds the idle group's row: the
     // enqueue does not wait for it, and leaves a wake row.
-    let mut holder = db.direct().await;
-    holder
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM pgfifo.queue_group \
-             WHERE queue = '{QUEUE}' AND group_id = 'g' FOR UPDATE"
-        ))
-        .await
-        .unwrap();
+    let mut holder = hold_row(&db, QUEUE, "g").await;
     let mut conn = db.direct().await;
     let older = enqueue(&mut conn, "g").await;
-    assert_eq!(wake_rows(&db, "g").await, 1);
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    assert_eq!(wake_rows(&db, QUEUE, "g").await, 1);
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
     holder.batch_execute("COMMIT").await.unwrap();
     // The next enqueue makes the group active with the older job first.
     let newer = enqueue(&mut conn, "g").await;
     assert!(newer > older);
-    assert_eq!(head(&db, "g").await, Some(format!("{older} active")));
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{older} active")));
 }
 
 /// Between an activating enqueue and its commit the group's row is held:
@@ -223,40 +170,18 @@ async fn an_activating_enqueue_holds_the_group_until_its_commit_and_nobody_waits
     // Another enqueue of the group does not wait: it leaves a wake row.
     let mut conn = db.direct().await;
     let second = enqueue(&mut conn, "g").await;
-    assert_eq!(wake_rows(&db, "g").await, 1);
+    assert_eq!(wake_rows(&db, QUEUE, "g").await, 1);
 
     // A pick passes the locked group by.
-    let mut picker = db.direct().await;
-    let pick = format!(
-        "SELECT count(*) FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 4) \
-         WHERE id IS NOT NULL"
-    );
-    picker
-        .batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
-        .await
-        .unwrap();
-    assert_eq!(query::scalar(&mut picker, &format!("({pick})")).await, 0);
-    picker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(pick_once(&db, QUEUE).await, 0);
 
     open.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(head(&db, "g").await, Some(format!("{first} active")));
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{first} active")));
     // Promote leaves the head alone (the woken job is younger).
-    promote(&db).await;
-    assert_eq!(head(&db, "g").await, Some(format!("{first} active")));
-    picker
-        .batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
-        .await
-        .unwrap();
-    let picked = query::scalar(
-        &mut picker,
-        &format!(
-            "(SELECT min(id) FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 4))"
-        ),
-    )
-    .await;
-    assert_eq!(picked, first);
+    promote(&db, QUEUE).await;
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{first} active")));
+    assert_eq!(pick_once(&db, QUEUE).await, first);
     assert!(second > first);
-    picker.batch_execute("ROLLBACK").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,22 +191,22 @@ async fn delayed_jobs_paused_groups_and_new_groups_go_through_promote() {
 
     // A new group: its row is made by promote.
     enqueue(&mut conn, "new").await;
-    assert_eq!(head(&db, "new").await, None, "no group row yet");
-    assert_eq!(wake_rows(&db, "new").await, 1);
+    assert_eq!(head(&db, QUEUE, "new").await, None, "no group row yet");
+    assert_eq!(wake_rows(&db, QUEUE, "new").await, 1);
 
     // A delayed job: promote tells the runner when it is due.
     idle_group(&db, "delayed").await;
     query::scalar(&mut conn, &enqueue_sql("delayed", Some(60_000))).await;
-    assert_eq!(head(&db, "delayed").await.as_deref(), Some("- idle"));
-    assert_eq!(wake_rows(&db, "delayed").await, 1);
+    assert_eq!(head(&db, QUEUE, "delayed").await.as_deref(), Some("- idle"));
+    assert_eq!(wake_rows(&db, QUEUE, "delayed").await, 1);
 
     // A paused group stays idle.
     idle_group(&db, "paused").await;
     db.exec(&format!("SELECT pgfifo.pause_group('{QUEUE}', 'paused')"))
         .await;
     enqueue(&mut conn, "paused").await;
-    assert_eq!(head(&db, "paused").await.as_deref(), Some("- idle"));
-    assert_eq!(wake_rows(&db, "paused").await, 1);
+    assert_eq!(head(&db, QUEUE, "paused").await.as_deref(), Some("- idle"));
+    assert_eq!(wake_rows(&db, QUEUE, "paused").await, 1);
 }
 
 /// An activating enqueue whose transaction rolls back leaves the group
@@ -296,11 +221,14 @@ async fn a_rolled_back_activation_loses_no_wake_row() {
     enqueue(&mut open, "g").await;
     let mut other = db.direct().await;
     let committed = enqueue(&mut other, "g").await;
-    assert_eq!(promote(&db).await, 0, "the row is locked: put back");
+    assert_eq!(promote(&db, QUEUE).await, 0, "the row is locked: put back");
     open.batch_execute("ROLLBACK").await.unwrap();
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
     // Nothing notifies now (the rollback sends nothing, promote's put-back
     // sends nothing): the next poll's promote finds the wake row.
-    promote(&db).await;
-    assert_eq!(head(&db, "g").await, Some(format!("{committed} active")));
+    promote(&db, QUEUE).await;
+    assert_eq!(
+        head(&db, QUEUE, "g").await,
+        Some(format!("{committed} active"))
+    );
 }

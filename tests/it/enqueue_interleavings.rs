@@ -18,6 +18,11 @@ use std::time::Duration;
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo_tests::{query, TestDb};
 
+use crate::group_probe::{
+    finish_and_idle, head, hold_row, pick_after_repair, pick_once, pick_open, promote, row_free,
+    JOB_TX,
+};
+
 const QUEUE: &str = "review";
 
 /// The enqueue call of one job of `group`, as an expression yielding its id.
@@ -36,70 +41,11 @@ async fn enqueue(conn: &mut AsyncPgConnection, group: &str) -> i64 {
         .expect("enqueue waited")
 }
 
-async fn promote(db: &TestDb) -> i64 {
-    db.scalar(&format!(
-        "(SELECT promoted FROM pgfifo.promote(ARRAY['{QUEUE}'], 100))"
-    ))
-    .await
-}
-
 /// A group that has run a job and gone idle (its row exists, no head).
 async fn idle_group(db: &TestDb, group: &str) {
     let first = db.scalar(&enqueue_sql(group)).await;
-    promote(db).await;
-    db.exec(&format!(
-        "UPDATE pgfifo.job SET state = 'succeeded', finished_at = now() WHERE id = {first}; \
-         UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL, idle_since = now() \
-         WHERE queue = '{QUEUE}' AND group_id = '{group}'"
-    ))
-    .await;
-}
-
-async fn head(db: &TestDb, group: &str) -> Option<String> {
-    db.text(&format!(
-        "SELECT coalesce(head_id::text, '-') || CASE WHEN ready_at IS NULL THEN ' idle' ELSE ' active' END \
-         FROM pgfifo.queue_group WHERE queue = '{QUEUE}' AND group_id = '{group}'"
-    ))
-    .await
-}
-
-/// Whether another transaction could lock the group's row right now.
-async fn row_free(db: &TestDb, group: &str) -> bool {
-    let mut conn = db.direct().await;
-    conn.batch_execute("BEGIN").await.unwrap();
-    let n = query::scalar(
-        &mut conn,
-        &format!(
-            "SELECT count(*) FROM (SELECT 1 FROM pgfifo.queue_group \
-             WHERE queue = '{QUEUE}' AND group_id = '{group}' FOR UPDATE SKIP LOCKED) AS s"
-        ),
-    )
-    .await;
-    conn.batch_execute("ROLLBACK").await.unwrap();
-    n == 1
-}
-
-const JOB_TX: &str = "BEGIN; SET LOCAL pgfifo.job_transaction = on";
-
-/// A pick on `conn` in a job transaction that stays open: the lowest id
-/// picked (0: none).
-async fn pick_open(conn: &mut AsyncPgConnection) -> i64 {
-    conn.batch_execute(JOB_TX).await.unwrap();
-    query::scalar(
-        conn,
-        &format!(
-            "(SELECT coalesce(min(id), 0) FROM pgfifo.pick(ARRAY['{QUEUE}'], 0, 0, '{{}}', '{{}}', 60000, 4))"
-        ),
-    )
-    .await
-}
-
-/// A pick in a job transaction that is rolled back: the lowest id picked.
-async fn pick_once(db: &TestDb) -> i64 {
-    let mut conn = db.direct().await;
-    let id = pick_open(&mut conn).await;
-    conn.batch_execute("ROLLBACK").await.unwrap();
-    id
+    promote(db, QUEUE).await;
+    finish_and_idle(db, QUEUE, group, first).await;
 }
 
 fn complete_sql(id: i64, group: &str, outcome: &str, delay_us: i64) -> String {
@@ -108,6 +54,31 @@ fn complete_sql(id: i64, group: &str, outcome: &str, delay_us: i64) -> String {
          ARRAY[NULL::text], ARRAY[NULL::jsonb], ARRAY[{delay_us}::bigint], \
          ARRAY['{QUEUE}'], ARRAY['{group}'])"
     )
+}
+
+/// Group `g`'s head j1 runs and ends with `outcome` (committed) while an
+/// enqueuer's transaction, which found the group active and added j2, is
+/// open: `(j1, j2, that enqueuer's connection)`.
+async fn head_ends_while_an_enqueue_is_open(
+    db: &TestDb,
+    outcome: &str,
+) -> (i64, i64, AsyncPgConnection) {
+    let mut conn = db.direct().await;
+    let j1 = enqueue(&mut conn, "g").await;
+    promote(db, QUEUE).await;
+    let mut runner = db.direct().await;
+    assert_eq!(pick_open(&mut runner, QUEUE).await, j1);
+
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let j2 = enqueue(&mut open, "g").await;
+
+    runner
+        .batch_execute(&complete_sql(j1, "g", outcome, 0))
+        .await
+        .unwrap();
+    runner.batch_execute("COMMIT").await.unwrap();
+    (j1, j2, open)
 }
 
 /// An application's transaction that enqueued into an idle group and
@@ -127,8 +98,8 @@ async fn an_open_enqueue_holds_back_committed_jobs_of_its_group() {
     let committed = enqueue(&mut other, "g").await;
     assert!(committed > first);
     // The runner's reaction to that commit's notification.
-    promote(&db).await;
-    let picked = pick_once(&db).await;
+    promote(&db, QUEUE).await;
+    let picked = pick_once(&db, QUEUE).await;
 
     open.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(
@@ -152,13 +123,13 @@ async fn an_enqueue_that_does_not_activate_locks_nothing() {
     let mut open = db.direct().await;
     open.batch_execute("BEGIN").await.unwrap();
     enqueue(&mut open, "g").await;
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
-    let free = row_free(&db, "g").await;
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
+    let free = row_free(&db, QUEUE, "g").await;
 
     let mut other = db.direct().await;
     let committed = enqueue(&mut other, "g").await;
-    promote(&db).await;
-    let after_promote = head(&db, "g").await;
+    promote(&db, QUEUE).await;
+    let after_promote = head(&db, QUEUE, "g").await;
     open.batch_execute("ROLLBACK").await.unwrap();
 
     assert!(
@@ -190,15 +161,15 @@ async fn an_enqueue_behind_a_delayed_job_locks_nothing() {
         ),
     )
     .await;
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
 
     let mut open = db.direct().await;
     open.batch_execute("BEGIN").await.unwrap();
     enqueue(&mut open, "g").await;
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
-    let free = row_free(&db, "g").await;
-    promote(&db).await;
-    let after_promote = head(&db, "g").await;
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
+    let free = row_free(&db, QUEUE, "g").await;
+    promote(&db, QUEUE).await;
+    let after_promote = head(&db, QUEUE, "g").await;
     open.batch_execute("ROLLBACK").await.unwrap();
     assert!(
         free,
@@ -218,8 +189,8 @@ async fn an_enqueue_into_a_paused_group_does_not_hold_back_its_resume() {
         .await;
     let mut conn = db.direct().await;
     let waiting = enqueue(&mut conn, "g").await;
-    promote(&db).await; // paused: stays idle
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    promote(&db, QUEUE).await; // paused: stays idle
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
 
     let mut open = db.direct().await;
     open.batch_execute("BEGIN").await.unwrap();
@@ -227,8 +198,8 @@ async fn an_enqueue_into_a_paused_group_does_not_hold_back_its_resume() {
 
     db.exec(&format!("SELECT pgfifo.resume_group('{QUEUE}', 'g')"))
         .await;
-    promote(&db).await;
-    let after_resume = head(&db, "g").await;
+    promote(&db, QUEUE).await;
+    let after_resume = head(&db, QUEUE, "g").await;
     open.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(
         after_resume,
@@ -252,20 +223,20 @@ async fn a_completion_never_waits_for_an_enqueue() {
     let mut conn = db.direct().await;
     let j1 = enqueue(&mut conn, "g").await;
     enqueue(&mut conn, "g").await;
-    promote(&db).await;
-    assert_eq!(head(&db, "g").await, Some(format!("{j1} active")));
+    promote(&db, QUEUE).await;
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{j1} active")));
 
     // The slot job runs.
     let mut runner = db.direct().await;
-    assert_eq!(pick_open(&mut runner).await, j1);
+    assert_eq!(pick_open(&mut runner, QUEUE).await, j1);
 
     // Paused; the next pick parks the group (idle) while j1 runs.
     db.exec(&format!("SELECT pgfifo.pause_group('{QUEUE}', 'g')"))
         .await;
     let mut parker = db.direct().await;
-    assert_eq!(pick_open(&mut parker).await, 0);
+    assert_eq!(pick_open(&mut parker, QUEUE).await, 0);
     parker.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(head(&db, "g").await.as_deref(), Some("- idle"));
+    assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
 
     // An application transaction enqueues into the group and stays open.
     let mut open = db.direct().await;
@@ -296,14 +267,7 @@ async fn a_completion_never_waits_for_an_enqueue() {
 async fn a_job_committed_first_with_the_older_id_runs_first() {
     let db = TestDb::new().await;
     idle_group(&db, "g").await;
-    let mut holder = db.direct().await;
-    holder
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM pgfifo.queue_group \
-             WHERE queue = '{QUEUE}' AND group_id = 'g' FOR UPDATE"
-        ))
-        .await
-        .unwrap();
+    let mut holder = hold_row(&db, QUEUE, "g").await;
     let mut p = db.direct().await;
     p.batch_execute("BEGIN").await.unwrap();
     let older = enqueue(&mut p, "g").await;
@@ -315,11 +279,11 @@ async fn a_job_committed_first_with_the_older_id_runs_first() {
     assert!(younger > older);
 
     p.batch_execute("COMMIT").await.unwrap();
-    promote(&db).await; // on p's notification: the row is locked
+    promote(&db, QUEUE).await; // on p's notification: the row is locked
     q.batch_execute("COMMIT").await.unwrap();
     // q notified on pgfifo: a lane picks, nobody promotes.
     assert_eq!(
-        pick_once(&db).await,
+        pick_once(&db, QUEUE).await,
         older,
         "the younger job runs before an older one that committed first"
     );
@@ -340,62 +304,29 @@ async fn a_released_held_group_does_not_strand_an_enqueue_in_flight() {
         "SELECT pgfifo.set_failure_policy('{QUEUE}', 'hold')"
     ))
     .await;
-    let mut conn = db.direct().await;
-    let j1 = enqueue(&mut conn, "g").await;
-    promote(&db).await;
-
-    // The head runs.
-    let mut runner = db.direct().await;
-    assert_eq!(pick_open(&mut runner).await, j1);
-
-    // An enqueuer finds the group active: nothing to wake.
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    let j2 = enqueue(&mut open, "g").await;
-
-    // The head fails for good and holds the group.
-    runner
-        .batch_execute(&complete_sql(j1, "g", "failed", 0))
-        .await
-        .unwrap();
-    runner.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(head(&db, "g").await, Some(format!("{j1} idle")));
+    // The head runs; an enqueuer finds the group active (nothing to wake);
+    // the head fails for good and holds the group.
+    let (j1, j2, mut open) = head_ends_while_an_enqueue_is_open(&db, "failed").await;
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{j1} idle")));
 
     // The operator lets the queue go on; promote releases the group.
     db.exec(&format!(
         "SELECT pgfifo.set_failure_policy('{QUEUE}', 'continue')"
     ))
     .await;
-    promote(&db).await;
+    promote(&db, QUEUE).await;
     // The enqueuer is in flight: the group stays active on its finished
     // head, for a pick to look at again in a moment.
-    assert_eq!(head(&db, "g").await, Some(format!("{j1} active")));
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{j1} active")));
     open.batch_execute("COMMIT").await.unwrap();
-    promote(&db).await;
-    db.wait_for(
-        &format!(
-            "SELECT count(*) FROM pgfifo.queue_group WHERE queue = '{QUEUE}' AND group_id = 'g' \
-             AND ready_at <= now()"
-        ),
-        1,
-        Duration::from_secs(2),
-    )
-    .await;
-    // The pick that finds the finished head moves it to j2 (and may stop
-    // there, leaving j2 to the next pick).
-    let mut repair = db.direct().await;
-    let first = pick_open(&mut repair).await;
-    repair.batch_execute("COMMIT").await.unwrap();
-    let picked = if first == 0 {
-        pick_once(&db).await
-    } else {
-        first
-    };
+    promote(&db, QUEUE).await;
+    // The pick that finds the finished head moves it to j2.
+    let picked = pick_after_repair(&db, QUEUE, "g").await;
     assert_eq!(
         picked,
         j2,
         "the enqueued job is stranded (group: {:?})",
-        head(&db, "g").await
+        head(&db, QUEUE, "g").await
     );
 }
 
@@ -405,42 +336,11 @@ async fn a_released_held_group_does_not_strand_an_enqueue_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_in_flight_keeps_a_finishing_group_active() {
     let db = TestDb::new().await;
-    let mut conn = db.direct().await;
-    let j1 = enqueue(&mut conn, "g").await;
-    promote(&db).await;
-    let mut runner = db.direct().await;
-    assert_eq!(pick_open(&mut runner).await, j1);
-
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    let j2 = enqueue(&mut open, "g").await;
-
-    runner
-        .batch_execute(&complete_sql(j1, "g", "succeeded", 0))
-        .await
-        .unwrap();
-    runner.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(head(&db, "g").await, Some(format!("{j1} active")));
+    let (j1, j2, mut open) = head_ends_while_an_enqueue_is_open(&db, "succeeded").await;
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{j1} active")));
     open.batch_execute("COMMIT").await.unwrap();
     // The repair pick: the finished head moves to j2 (ready 50 ms later).
-    db.wait_for(
-        &format!(
-            "SELECT count(*) FROM pgfifo.queue_group WHERE queue = '{QUEUE}' AND group_id = 'g' \
-             AND ready_at <= now()"
-        ),
-        1,
-        Duration::from_secs(2),
-    )
-    .await;
-    let mut repair = db.direct().await;
-    let first = pick_open(&mut repair).await;
-    repair.batch_execute("COMMIT").await.unwrap();
-    let picked = if first == 0 {
-        pick_once(&db).await
-    } else {
-        first
-    };
-    assert_eq!(picked, j2);
+    assert_eq!(pick_after_repair(&db, QUEUE, "g").await, j2);
 }
 
 /// What `advance_head` tells its caller about the group's advisory lock:
@@ -452,7 +352,7 @@ async fn advance_head_says_when_it_holds_the_group_lock() {
     let db = TestDb::new().await;
     let mut conn = db.direct().await;
     let j1 = enqueue(&mut conn, "g").await;
-    promote(&db).await;
+    promote(&db, QUEUE).await;
     db.exec(&format!(
         "UPDATE pgfifo.job SET state = 'succeeded', finished_at = now() WHERE id = {j1}"
     ))
@@ -494,13 +394,13 @@ async fn a_pick_holding_the_group_lock_runs_nothing_in_its_transaction() {
     let mut conn = db.direct().await;
     let j1 = enqueue(&mut conn, "g").await;
     let j2 = enqueue(&mut conn, "g").await;
-    promote(&db).await;
+    promote(&db, QUEUE).await;
     // The head finished out of band; j2 waits behind it.
     db.exec(&format!(
         "UPDATE pgfifo.job SET state = 'succeeded', finished_at = now() WHERE id = {j1}"
     ))
     .await;
-    assert_eq!(head(&db, "g").await, Some(format!("{j1} active")));
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{j1} active")));
 
     let mut runner = db.direct().await;
     runner
@@ -519,6 +419,6 @@ async fn a_pick_holding_the_group_lock_runs_nothing_in_its_transaction() {
         picked, 0,
         "a job picked in a transaction holding the group lock"
     );
-    assert_eq!(head(&db, "g").await, Some(format!("{j2} active")));
-    assert_eq!(pick_once(&db).await, j2);
+    assert_eq!(head(&db, QUEUE, "g").await, Some(format!("{j2} active")));
+    assert_eq!(pick_once(&db, QUEUE).await, j2);
 }

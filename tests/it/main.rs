@@ -5,6 +5,7 @@
 //! registration lookup fail), so each module names its types after itself.
 
 mod gate;
+mod group_probe;
 mod jobs;
 mod smoke;
 
