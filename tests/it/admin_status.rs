@@ -382,3 +382,32 @@ async fn status_reports_running_jobs_and_live_runners_from_heartbeats() {
         "a stopped runner is gone: {s:?}"
     );
 }
+
+/// The oldest head's age counts heads still to run: a group left active on
+/// its finished head (for a pick to move on, or released from a hold while
+/// an enqueue was in flight) is not work waiting since that job's enqueue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauges_leave_out_finished_heads() {
+    let db = pgfifo_tests::TestDb::new().await;
+    let queue = "finished_head";
+    let id = db
+        .scalar(&format!(
+            "(pgfifo.enqueue(ARRAY['{queue}'], ARRAY['g'], ARRAY['k'], ARRAY['{{}}'::jsonb], \
+                             ARRAY[0::smallint], ARRAY[3], ARRAY[NULL::text], NULL, NULL))[1]"
+        ))
+        .await;
+    db.scalar(&format!(
+        "(SELECT promoted FROM pgfifo.promote(ARRAY['{queue}'], 100))"
+    ))
+    .await;
+    let mut conn = db.direct().await;
+    let age = |gauges: Vec<pgfifo::admin::QueueGauges>| gauges[0].oldest_head_age;
+    let before = age(admin::gauges(&mut conn, &[queue.to_owned()]).await.unwrap());
+    assert!(before.is_some(), "the head waits");
+    db.exec(&format!(
+        "UPDATE pgfifo.job SET state = 'succeeded', finished_at = now() WHERE id = {id}"
+    ))
+    .await;
+    let after = age(admin::gauges(&mut conn, &[queue.to_owned()]).await.unwrap());
+    assert_eq!(after, None, "a finished head counted as waiting");
+}

@@ -16,7 +16,9 @@ use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use pgfifo_tests::{query, TestDb};
 use serde::{Deserialize, Serialize};
 
-use crate::group_probe::{finish_and_idle, head, hold_row, pick_once, promote, wake_rows};
+use crate::group_probe::{
+    finish_and_idle, head, hold_row, pick_once, promote, row_free, wake_rows,
+};
 
 const QUEUE: &str = "activation";
 
@@ -231,4 +233,35 @@ async fn a_rolled_back_activation_loses_no_wake_row() {
         head(&db, QUEUE, "g").await,
         Some(format!("{committed} active"))
     );
+}
+
+/// "Alone" is said for one call: in a transaction opened with a `BEGIN`
+/// that diesel did not see (so pgfifo's enqueue took it for none), a later
+/// enqueue of the transaction does not make its group active and holds
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alone_is_said_for_one_enqueue_only() {
+    let db = TestDb::new().await;
+    idle_group(&db, "a").await;
+    idle_group(&db, "b").await;
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let first = ActivationJob { n: 1 }
+        .enqueue(&mut open, "a")
+        .await
+        .unwrap();
+    let second = query::scalar(
+        &mut open,
+        &format!(
+            "(pgfifo.enqueue(ARRAY['{QUEUE}'], ARRAY['b'], ARRAY['k'], ARRAY['{{}}'::jsonb], \
+                             ARRAY[0::smallint], ARRAY[3], ARRAY[NULL::text], NULL, NULL))[1]"
+        ),
+    )
+    .await;
+    assert!(second > first);
+    let b_free = row_free(&db, QUEUE, "b").await;
+    open.batch_execute("COMMIT").await.unwrap();
+    assert!(b_free, "the second enqueue holds its group's row");
+    assert_eq!(head(&db, QUEUE, "b").await.as_deref(), Some("- idle"));
+    assert_eq!(wake_rows(&db, QUEUE, "b").await, 1);
 }

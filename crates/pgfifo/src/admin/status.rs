@@ -233,7 +233,8 @@ pub struct QueueGauges {
     pub queue: String,
     /// Unfinished jobs (capped at [`COUNT_CAP`]).
     pub depth: i64,
-    /// The age of the oldest head of an active group: how far the queue lags.
+    /// The age of the oldest head of an active group that is still to run
+    /// (queued): how far the queue lags.
     #[serde(serialize_with = "ser_opt_secs", rename = "oldest_head_age_secs")]
     pub oldest_head_age: Option<Duration>,
     /// Groups with jobs that cannot run now (paused, held, retrying).

@@ -249,7 +249,7 @@ pub(crate) async fn gauges(
                                     WHERE j.queue = $1 AND j.state = 'queued' LIMIT $2) AS s) AS depth,
              (SELECT (extract(epoch FROM now() - min(j.created_at)) * 1e6)::bigint
               FROM pgfifo.queue_group AS g JOIN pgfifo.job AS j ON j.id = g.head_id
-              WHERE g.queue = $1 AND g.ready_at IS NOT NULL) AS lag_us,",
+              WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND j.state = 'queued') AS lag_us,",
         blocked_groups_sql!()
     ))
     .bind::<Text, _>(queue)

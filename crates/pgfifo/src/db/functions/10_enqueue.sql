@@ -56,12 +56,20 @@ DECLARE
     v_void    text;
     v_at      timestamptz;
     v_active  boolean;
+    v_alone   boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgfifo enqueue requires READ COMMITTED isolation (found %)',
             current_setting('transaction_isolation')
             USING ERRCODE = 'invalid_transaction_state', CONSTRAINT = 'pgfifo_read_committed',
                   DETAIL = current_setting('transaction_isolation');
+    END IF;
+    -- Whether this statement is its transaction's only one (see below). The
+    -- caller says so for this call alone: in a transaction that a BEGIN
+    -- diesel did not see opened, a later enqueue must not take it as said.
+    v_alone := coalesce(current_setting('pgfifo.enqueue_alone', true), '') = 'on';
+    IF v_alone THEN
+        v_void := set_config('pgfifo.enqueue_alone', '', true);
     END IF;
     IF v_n IS NULL OR v_n = 0 THEN
         RETURN '{}';
@@ -117,7 +125,7 @@ BEGIN
         -- controls, and a schema without them (reverted under these
         -- functions).
         IF v_active IS NOT NULL AND v_at <= clock_timestamp()
-           AND current_setting('pgfifo.enqueue_alone', true) = 'on'
+           AND v_alone
            AND to_regclass('pgfifo.group_control') IS NOT NULL THEN
             UPDATE pgfifo.queue_group AS g
             SET head_id = n.id, priority = n.priority, ready_at = n.run_after, idle_since = NULL
