@@ -60,6 +60,15 @@ async fn enqueue(conn: &mut AsyncPgConnection, group: &str) -> i64 {
         .expect("enqueue waited")
 }
 
+/// An enqueue of one job of `group` in a transaction that stays open: the
+/// connection (to commit or roll back) and the job's id.
+async fn open_enqueue(db: &TestDb, group: &str) -> (AsyncPgConnection, i64) {
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let id = enqueue(&mut open, group).await;
+    (open, id)
+}
+
 /// A group that has run a job and gone idle (its row exists, no head).
 async fn idle_group(db: &TestDb, group: &str) {
     let first = db.scalar(&enqueue_sql(group, None)).await;
@@ -165,9 +174,7 @@ async fn an_older_job_waiting_for_promote_becomes_the_head() {
 async fn an_activating_enqueue_holds_the_group_until_its_commit_and_nobody_waits() {
     let db = TestDb::new().await;
     idle_group(&db, "g").await;
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    let first = enqueue(&mut open, "g").await;
+    let (mut open, first) = open_enqueue(&db, "g").await;
 
     // Another enqueue of the group does not wait: it leaves a wake row.
     let mut conn = db.direct().await;
@@ -211,16 +218,14 @@ async fn delayed_jobs_paused_groups_and_new_groups_go_through_promote() {
     assert_eq!(wake_rows(&db, QUEUE, "paused").await, 1);
 }
 
-/// An activating enqueue whose transaction rolls back leaves the group
-/// idle, and another producer's job, committed
-/// meanwhile, is still promoted (its wake row was put back, not lost).
+/// An activating enqueue whose transaction rolls back leaves the group idle,
+/// and another producer's job, committed meanwhile, is still promoted (its
+/// wake row was put back, not lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_activation_loses_no_wake_row() {
     let db = TestDb::new().await;
     idle_group(&db, "g").await;
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    enqueue(&mut open, "g").await;
+    let (mut open, _) = open_enqueue(&db, "g").await;
     let mut other = db.direct().await;
     let committed = enqueue(&mut other, "g").await;
     assert_eq!(promote(&db, QUEUE).await, 0, "the row is locked: put back");

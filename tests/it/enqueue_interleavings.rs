@@ -41,6 +41,15 @@ async fn enqueue(conn: &mut AsyncPgConnection, group: &str) -> i64 {
         .expect("enqueue waited")
 }
 
+/// An enqueue of one job of `group` in a transaction that stays open: the
+/// connection (to commit or roll back) and the job's id.
+async fn open_enqueue(db: &TestDb, group: &str) -> (AsyncPgConnection, i64) {
+    let mut open = db.direct().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let id = enqueue(&mut open, group).await;
+    (open, id)
+}
+
 /// A group that has run a job and gone idle (its row exists, no head).
 async fn idle_group(db: &TestDb, group: &str) {
     let first = db.scalar(&enqueue_sql(group)).await;
@@ -69,9 +78,7 @@ async fn head_ends_while_an_enqueue_is_open(
     let mut runner = db.direct().await;
     assert_eq!(pick_open(&mut runner, QUEUE).await, j1);
 
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    let j2 = enqueue(&mut open, "g").await;
+    let (open, j2) = open_enqueue(db, "g").await;
 
     runner
         .batch_execute(&complete_sql(j1, "g", outcome, 0))
@@ -87,12 +94,10 @@ async fn head_ends_while_an_enqueue_is_open(
 /// obstacle: the open transaction's job is invisible, and "a job whose
 /// transaction commits late may find a later id already started").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_enqueue_holds_back_committed_jobs_of_its_group() {
+async fn an_open_enqueue_does_not_hold_back_committed_jobs_of_its_group() {
     let db = TestDb::new().await;
     idle_group(&db, "g").await;
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    let first = enqueue(&mut open, "g").await;
+    let (mut open, first) = open_enqueue(&db, "g").await;
 
     let mut other = db.direct().await;
     let committed = enqueue(&mut other, "g").await;
@@ -120,9 +125,7 @@ async fn an_enqueue_that_does_not_activate_locks_nothing() {
     ))
     .await;
     idle_group(&db, "g").await;
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    enqueue(&mut open, "g").await;
+    let (mut open, _) = open_enqueue(&db, "g").await;
     assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
     let free = row_free(&db, QUEUE, "g").await;
 
@@ -163,9 +166,7 @@ async fn an_enqueue_behind_a_delayed_job_locks_nothing() {
     .await;
     assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
 
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    enqueue(&mut open, "g").await;
+    let (mut open, _) = open_enqueue(&db, "g").await;
     assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
     let free = row_free(&db, QUEUE, "g").await;
     promote(&db, QUEUE).await;
@@ -192,9 +193,7 @@ async fn an_enqueue_into_a_paused_group_does_not_hold_back_its_resume() {
     promote(&db, QUEUE).await; // paused: stays idle
     assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
 
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    enqueue(&mut open, "g").await;
+    let (mut open, _) = open_enqueue(&db, "g").await;
 
     db.exec(&format!("SELECT pgfifo.resume_group('{QUEUE}', 'g')"))
         .await;
@@ -239,9 +238,7 @@ async fn a_completion_never_waits_for_an_enqueue() {
     assert_eq!(head(&db, QUEUE, "g").await.as_deref(), Some("- idle"));
 
     // An application transaction enqueues into the group and stays open.
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    enqueue(&mut open, "g").await;
+    let (mut open, _) = open_enqueue(&db, "g").await;
 
     // j1 fails and will be retried.
     runner
@@ -268,14 +265,10 @@ async fn a_job_committed_first_with_the_older_id_runs_first() {
     let db = TestDb::new().await;
     idle_group(&db, "g").await;
     let mut holder = hold_row(&db, QUEUE, "g").await;
-    let mut p = db.direct().await;
-    p.batch_execute("BEGIN").await.unwrap();
-    let older = enqueue(&mut p, "g").await;
+    let (mut p, older) = open_enqueue(&db, "g").await;
     holder.batch_execute("COMMIT").await.unwrap();
 
-    let mut q = db.direct().await;
-    q.batch_execute("BEGIN").await.unwrap();
-    let younger = enqueue(&mut q, "g").await;
+    let (mut q, younger) = open_enqueue(&db, "g").await;
     assert!(younger > older);
 
     p.batch_execute("COMMIT").await.unwrap();
@@ -363,9 +356,7 @@ async fn advance_head_says_when_it_holds_the_group_lock() {
     );
 
     // An enqueuer in flight: not taken; the finished head stays, 50 ms on.
-    let mut open = db.direct().await;
-    open.batch_execute("BEGIN").await.unwrap();
-    let j2 = enqueue(&mut open, "g").await;
+    let (mut open, j2) = open_enqueue(&db, "g").await;
     let mut runner = db.direct().await;
     runner.batch_execute("BEGIN").await.unwrap();
     assert_eq!(
