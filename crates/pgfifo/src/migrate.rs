@@ -99,6 +99,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0007_long_runs/up.sql"),
         down: include_str!("../migrations/0007_long_runs/down.sql"),
     },
+    Migration {
+        version: 8,
+        name: "fair_shares",
+        release: "0.3.0",
+        up: include_str!("../migrations/0008_fair_shares/up.sql"),
+        down: include_str!("../migrations/0008_fair_shares/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.

@@ -82,15 +82,18 @@ struct PickRow {
     backend_pid: i32,
 }
 
-/// The batch (`$1`) goes to `pick` in the transaction-local setting
-/// `pgfifo.pick_batch` (0.1.0's runners call the same function without
-/// it), set in this statement: `pick`'s last argument depends on the
-/// setting's value, so the call cannot come before it.
+/// The batch (`$1`) and the jobs soon free (`$2`, an array's text) go to
+/// `pick` in the transaction-local settings `pgfifo.pick_batch` and
+/// `pgfifo.pick_soon` (0.1.0's runners call the same function without
+/// them), set in this statement: `pick`'s last argument depends on the
+/// settings' values, so the call cannot come before them.
 const PICK: &str = "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
                            p.more, pg_backend_pid() AS backend_pid \
-                    FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch) AS s \
-                    CROSS JOIN LATERAL pgfifo.pick($2, $3, $4, $5, $6, $7, $8, \
-                                                   CASE WHEN s.batch IS NOT NULL THEN $9 END) AS p";
+                    FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch, \
+                                 set_config('pgfifo.pick_soon', $2, true) AS soon) AS s \
+                    CROSS JOIN LATERAL pgfifo.pick($3, $4, $5, $6, $7, $8, $9, \
+                                                   CASE WHEN s.batch IS NOT NULL \
+                                                         AND s.soon IS NOT NULL THEN $10 END) AS p";
 
 /// What a pick asks for.
 #[derive(Debug)]
@@ -108,6 +111,9 @@ pub(crate) struct PickRequest<'a> {
     pub batch: i32,
     /// Jobs the caller's other lanes hold (not work left for later).
     pub held_elsewhere: &'a [i64],
+    /// Those of them whose handlers are done: their groups are free again
+    /// as soon as those lanes commit (see "Weights" in `pgfifo.pick`).
+    pub finishing_elsewhere: &'a [i64],
     /// Whether the caller can start a handler at once (a permit is free):
     /// only then may the pick take a job of a group whose concurrency is
     /// above 1. Sent with the transaction's opener.
@@ -128,6 +134,7 @@ pub(crate) async fn pick(
         PICK,
         (
             bind::<Integer, _>(request.batch),
+            bind::<Text, _>(array_text(request.finishing_elsewhere)),
             bind::<Array<Text>, _>(request.queues),
             bind::<Integer, _>(request.turn),
             bind::<Integer, _>(request.sweep_from),
@@ -164,6 +171,12 @@ pub(crate) async fn pick(
     } else {
         Picked::Jobs { jobs, more }
     })
+}
+
+/// An array of ids as PostgreSQL's text form (`{1,2}`), for a setting.
+fn array_text(ids: &[i64]) -> String {
+    let items: Vec<String> = ids.iter().map(i64::to_string).collect();
+    format!("{{{}}}", items.join(","))
 }
 
 /// How long a job's transaction may sit idle, per job type, before the server

@@ -142,16 +142,29 @@ DECLARE
     v_tokens  double precision;
     v_refused bigint[] := '{}';
     v_rate    record;
+    v_wq      text;
+    v_weighted boolean := false;
 BEGIN
     FOR v_job IN
         SELECT j.id, j.queue, j.group_id FROM pgfifo.job AS j
         WHERE j.id = ANY (p_ids) AND j.group_id IS NOT NULL
           AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
-        -- (Buckets are locked in one order by every caller: no deadlock.)
+        -- (Buckets and shares are locked in one order by every caller: no
+        -- deadlock.)
         ORDER BY j.queue, j.group_id, j.id
     LOOP
         SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
-        CONTINUE WHEN v_rate.rate_count IS NULL;
+        -- A start in a queue with weights counts towards its group's share.
+        IF v_wq IS DISTINCT FROM v_job.queue THEN
+            v_wq := v_job.queue;
+            v_weighted := pgfifo.queue_weighted(v_wq);
+        END IF;
+        IF v_rate.rate_count IS NULL THEN
+            IF v_weighted THEN
+                PERFORM pgfifo.charge_share(v_job.queue, v_job.group_id, v_rate.weight, 1);
+            END IF;
+            CONTINUE;
+        END IF;
         -- Lock the bucket first, so that the tokens read next are the
         -- newest. A group without one gets a full one now: two first takes
         -- must not both count from a full bucket.
@@ -188,6 +201,9 @@ BEGIN
         VALUES (v_job.queue, v_job.group_id, v_tokens - 1, v_now)
         ON CONFLICT (queue, group_id) DO UPDATE
         SET tokens = excluded.tokens, at = greatest(b.at, excluded.at);
+        IF v_weighted THEN
+            PERFORM pgfifo.charge_share(v_job.queue, v_job.group_id, v_rate.weight, 1);
+        END IF;
     END LOOP;
     RETURN v_refused;
 END
@@ -207,6 +223,8 @@ DECLARE
     v_tokens double precision;
     v_rate   record;
     v_n      integer := 0;
+    v_wq     text;
+    v_weighted boolean := false;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
         DELETE FROM pgfifo.job_attempt AS a
@@ -227,6 +245,13 @@ BEGIN
         v_n := v_n + 1;
         CONTINUE WHEN v_job.group_id IS NULL;
         SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
+        IF v_wq IS DISTINCT FROM v_job.queue THEN
+            v_wq := v_job.queue;
+            v_weighted := pgfifo.queue_weighted(v_wq);
+        END IF;
+        IF v_weighted THEN
+            PERFORM pgfifo.charge_share(v_job.queue, v_job.group_id, v_rate.weight, -1);
+        END IF;
         CONTINUE WHEN v_rate.rate_count IS NULL;
         PERFORM 1 FROM pgfifo.group_bucket AS b
         WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
@@ -426,7 +451,7 @@ BEGIN
 END
 $$;
 
--- Deletes the slot, bucket and snooze rows of groups whose group row is
+-- Deletes the slot, bucket, snooze and share rows of groups whose group row is
 -- gone (retention deleted the idle group; a group that comes back starts
 -- afresh: a full bucket, slots made again when it becomes active). A bucket
 -- goes only once it has refilled: a group that comes back must not get
@@ -466,6 +491,87 @@ BEGIN
                           WHERE g.queue = x.queue AND g.group_id = x.group_id)
         LIMIT p_limit FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
-    RETURN v_n + v_rows;
+    v_n := v_n + v_rows;
+    -- (A group that comes back starts from the queue's floor.)
+    IF to_regclass('pgfifo.group_share') IS NOT NULL THEN
+        DELETE FROM pgfifo.group_share AS z
+        WHERE (z.queue, z.group_id) IN (
+            SELECT x.queue, x.group_id FROM pgfifo.group_share AS x
+            WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                              WHERE g.queue = x.queue AND g.group_id = x.group_id)
+            LIMIT p_limit FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_n := v_n + v_rows;
+    END IF;
+    RETURN v_n;
+END
+$$;
+
+-- Weights: the groups' shares (start-time fair queueing; see migration
+-- 0008 and pgfifo.pick). Whether weights act in a queue: a weight above 1
+-- is set there, and the shares table exists (after `migrate down` to a
+-- schema without it, they do not).
+CREATE OR REPLACE FUNCTION pgfifo.queue_weighted(p_queue text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN to_regclass('pgfifo.group_share') IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c
+                   WHERE c.queue = p_queue AND c.weight > 1);
+END
+$$;
+
+-- Counts p_starts starts (-1: a start handed back unstarted) of a group of
+-- weight p_weight towards its share: 1 / weight each. A start moves a
+-- group's share up to the queue's floor first (its most advanced group's,
+-- less one unit), so a group that was idle, or could not use its share,
+-- gets at most one unit back. Locks the group's share row until the
+-- caller's transaction ends (takes of one group are one after another).
+CREATE OR REPLACE FUNCTION pgfifo.charge_share(
+    p_queue text, p_group text, p_weight integer, p_starts integer
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_floor double precision;
+    v_step  double precision := p_starts::double precision / greatest(coalesce(p_weight, 1), 1);
+BEGIN
+    IF p_starts < 0 THEN
+        UPDATE pgfifo.group_share AS s SET vtime = s.vtime + v_step
+        WHERE s.queue = p_queue AND s.group_id = p_group;
+        RETURN;
+    END IF;
+    SELECT s.vtime - 2 INTO v_floor FROM pgfifo.group_share AS s
+    WHERE s.queue = p_queue ORDER BY s.vtime DESC LIMIT 1;
+    INSERT INTO pgfifo.group_share AS s (queue, group_id, vtime)
+    VALUES (p_queue, p_group, coalesce(v_floor, 0) + v_step)
+    ON CONFLICT (queue, group_id) DO UPDATE
+    SET vtime = greatest(s.vtime, coalesce(v_floor, s.vtime)) + v_step;
+END
+$$;
+
+-- The ready groups of one priority level of a queue with weights, as the
+-- pick offers them: lowest share first (a group without a share row, or
+-- below the floor, counts at the floor), ties round robin from slot
+-- p_slot; with each its head. Reads every ready group of the level.
+CREATE OR REPLACE FUNCTION pgfifo.share_candidates(
+    p_queue text, p_priority smallint, p_slot integer, p_now timestamptz
+)
+RETURNS TABLE (c_group text, c_ready timestamptz, c_tag double precision, c_head bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_floor double precision;
+BEGIN
+    SELECT s.vtime - 2 INTO v_floor FROM pgfifo.group_share AS s
+    WHERE s.queue = p_queue ORDER BY s.vtime DESC LIMIT 1;
+    RETURN QUERY
+    SELECT g.group_id, g.ready_at, coalesce(greatest(s.vtime, v_floor), 0), g.head_id
+    FROM pgfifo.queue_group AS g
+    LEFT JOIN pgfifo.group_share AS s ON s.queue = g.queue AND s.group_id = g.group_id
+    WHERE g.queue = p_queue AND g.ready_at IS NOT NULL AND g.priority = p_priority
+      AND g.ready_at <= p_now
+    ORDER BY 3, g.slot < p_slot, g.slot;
 END
 $$;

@@ -40,6 +40,17 @@
 -- group's (NULL for an ungrouped job). p_turn rotates the starting queue and
 -- alternates between grouped and ungrouped jobs so neither starves.
 --
+-- Weights. In a queue where a weight above 1 is set, the groups of a
+-- priority level are offered lowest share first instead: start-time fair
+-- queueing over pgfifo.group_share (migration 0008), where each start of a
+-- group adds 1 / its weight to its share (pgfifo.charge_share, when the
+-- attempt is recorded). Among groups that compete for slots, starts then
+-- go in proportion to the weights, for two groups as for many, and for
+-- groups of any concurrency. Ties go round robin from p_slot. Reading the
+-- shares costs a look at every ready group of the level
+-- (pgfifo.share_candidates), so weights suit queues of up to some
+-- thousands of ready groups (docs/group-controls.md).
+--
 -- Each job row's `more` says whether more work may be ready: the walk ended
 -- at its cap (see below), or it took p_limit jobs and another group is
 -- ready or an ungrouped job is queued. p_held lists the jobs the caller's
@@ -92,9 +103,9 @@
 -- concurrency was just lowered, still running in its slot). Only for
 -- groups held by their row (concurrency 1) without a rate limit: a slot
 -- group's jobs are taken one per pick, and a rate limit takes its tokens
--- one start at a time; and not after groups were passed by for their
--- weights (the caller looks again for those). A follower is locked FOR UPDATE like its head and
--- returned after every head, its group's in id order; T holds the group
+-- one start at a time; and not in a queue with weights, where each start
+-- takes its group's turn (followers would take turns that are others').
+-- A follower is locked FOR UPDATE like its head and returned after every head, its group's in id order; T holds the group
 -- row throughout, so nobody else can start any of them. The runner runs a
 -- follower only once every earlier job of its group has succeeded, and
 -- hands it back otherwise (see pgfifo.complete for how several jobs of one
@@ -163,7 +174,6 @@ DECLARE
     v_controlled boolean;
     v_due     timestamptz;
     v_conc    integer;
-    v_weight  integer;
     v_lim     record;
     v_first   bigint[];
     v_wait_id bigint;
@@ -171,9 +181,13 @@ DECLARE
     v_slotted boolean;
     v_took    boolean;
     v_heaviest integer;
-    v_passed  boolean := false;
-    v_all     boolean := false;
-    v_turn_no bigint;
+    v_weighted boolean;
+    v_tag_min double precision;
+    v_declined boolean := false;
+    v_q_declined boolean;
+    v_min_soon boolean;
+    v_next_turn double precision;
+    v_soon    bigint[] := coalesce(nullif(current_setting('pgfifo.pick_soon', true), '')::bigint[], '{}');
     v_slot_job boolean := false;
     v_slot_left boolean := false;
     v_slots_ok boolean := current_setting('pgfifo.pick_slots', true) IS DISTINCT FROM 'off';
@@ -187,8 +201,6 @@ BEGIN
         RAISE EXCEPTION 'pgfifo.pick must run in a job transaction (BEGIN; SELECT set_config(''pgfifo.job_transaction'', ''on'', true))'
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
     END IF;
-    <<sweeps>>
-    LOOP
     <<queues>>
     FOR v_i IN 0 .. coalesce(v_n, 0) - 1 LOOP
         v_q := p_queues[1 + (v_turn + v_i) % v_n];
@@ -202,8 +214,12 @@ BEGIN
         IF v_controlled THEN
             SELECT coalesce(max(c.weight), 1) INTO v_heaviest
             FROM pgfifo.group_control AS c WHERE c.queue = v_q;
-            v_turn_no := floor(extract(epoch FROM v_now) * 2)::bigint;
         END IF;
+        -- Weights (see "Weights" above): after `migrate down` to a schema
+        -- without shares, round robin as in a queue without them.
+        v_weighted := v_heaviest > 1 AND to_regclass('pgfifo.group_share') IS NOT NULL;
+        v_q_declined := false;
+        v_next_turn := NULL;
         FOR v_kind IN 0 .. 1 LOOP
             IF (v_kind + v_turn) % 2 = 0 THEN
                 v_bound := 32768;
@@ -219,6 +235,9 @@ BEGIN
                     -- readiness conditions would keep the lock of a row that
                     -- stopped matching between snapshot and lock, such as a
                     -- group that just went idle, for the whole job.)
+                    -- In a queue with weights, one pass in the order of
+                    -- the groups' shares instead (see "Weights").
+                    v_tag_min := NULL;
                     FOR v_pass IN 0 .. 1 LOOP
                         IF v_pass = 0 THEN
                             v_lo := v_slot;
@@ -228,10 +247,17 @@ BEGIN
                             v_hi := v_slot::bigint - 1;
                         END IF;
                         FOR v_cand IN
-                            SELECT g.group_id, g.ready_at FROM pgfifo.queue_group AS g
-                            WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority = v_prio
-                              AND g.slot BETWEEN v_lo AND v_hi AND g.ready_at <= v_now
-                            ORDER BY g.slot
+                            (SELECT c.c_group AS group_id, c.c_ready AS ready_at, c.c_tag AS tag,
+                                    c.c_head AS head_id
+                             FROM pgfifo.share_candidates(v_q, v_prio, v_slot, v_now) AS c
+                             WHERE v_weighted AND v_pass = 0)
+                            UNION ALL
+                            (SELECT g.group_id, g.ready_at, NULL::double precision, NULL::bigint
+                             FROM pgfifo.queue_group AS g
+                             WHERE NOT v_weighted AND g.queue = v_q AND g.ready_at IS NOT NULL
+                               AND g.priority = v_prio AND g.slot BETWEEN v_lo AND v_hi
+                               AND g.ready_at <= v_now
+                             ORDER BY g.slot)
                         LOOP
                             -- A busy queue has more active groups than free
                             -- ones: once jobs are picked, stop looking after a
@@ -252,27 +278,36 @@ BEGIN
                             IF v_controlled THEN
                                 SELECT * INTO v_lim FROM pgfifo.group_limits(v_q, v_cand.group_id);
                                 v_conc := v_lim.concurrency;
-                                v_weight := v_lim.weight;
-                                -- Weights: time runs in turns of half a
-                                -- second, and a group of weight w may start
-                                -- jobs in w of every W turns in a row (W: the
-                                -- queue's heaviest weight; which ones follows
-                                -- from a hash of the group), the same for
-                                -- every runner. So groups with backlog start
-                                -- jobs in proportion to their weights while
-                                -- they compete for slots. (A group gains a
-                                -- little at the start of its turns, when it
-                                -- is never busy: the longer the turn, the
-                                -- less that counts. With tenths of a second
-                                -- a weight ratio of 3 came out at 2.7.) Never
-                                -- at the cost of idling: a pick that found
-                                -- nothing after passing groups by sweeps
-                                -- again taking every one.
-                                IF v_weight < v_heaviest AND NOT v_all
-                                   AND (v_turn_no + (hashtext(v_cand.group_id) & 2147483647))
-                                       % v_heaviest >= v_weight THEN
-                                    v_passed := true;
-                                    CONTINUE;
+                            END IF;
+                            -- Weights: candidates come lowest share first
+                            -- (ties round robin). A lane that can start a
+                            -- job at once takes the first it can lock, so
+                            -- weights never idle a runner. A lane that
+                            -- cannot (pgfifo.pick_slots off: its job would
+                            -- wait for a handler to finish) takes only a
+                            -- group whose turn it is, the lowest share of
+                            -- all ready groups, busy ones included: else,
+                            -- while the group whose turn it is runs, this
+                            -- lane would give its next start to another
+                            -- group, and a few groups would take turns
+                            -- whatever their weights. Nor does any lane
+                            -- when the group whose turn it is is held by
+                            -- one of its runner's lanes whose handlers are
+                            -- done (pgfifo.pick_soon): that lane picks
+                            -- again the moment it commits.
+                            IF v_weighted THEN
+                                IF v_tag_min IS NULL THEN
+                                    v_tag_min := v_cand.tag;
+                                    v_min_soon := v_cand.head_id = ANY (v_soon);
+                                END IF;
+                                -- A pick of several jobs takes them turn by
+                                -- turn: not a group whose turn comes after
+                                -- the next turn of a group it took.
+                                IF v_cand.tag > v_tag_min + 1e-9 AND (NOT v_slots_ok OR v_min_soon)
+                                   OR v_cand.tag > v_next_turn + 1e-9 THEN
+                                    v_declined := true;
+                                    v_q_declined := true;
+                                    EXIT;
                                 END IF;
                             END IF;
                             IF v_controlled AND v_conc > 1 THEN
@@ -394,6 +429,9 @@ BEGIN
                                     NULL; -- the slot goes back
                                 END;
                                 IF v_took THEN
+                                    IF v_weighted THEN
+                                        v_next_turn := least(v_next_turn, v_cand.tag + 1.0 / v_lim.weight);
+                                    END IF;
                                     v_slot_job := true;
                                     v_jobs := v_job || v_jobs;
                                     v_slots := v_group.slot || v_slots;
@@ -533,15 +571,19 @@ BEGIN
                             v_slots := v_slots || v_group.slot;
                             v_ids := v_ids || v_job.id;
                             v_count := v_count + 1;
+                            IF v_weighted THEN
+                                v_next_turn := least(v_next_turn, v_cand.tag + 1.0 / v_lim.weight);
+                            END IF;
                             -- Its next jobs may follow it (see "Followers").
                             IF NOT v_controlled THEN
                                 v_follow := v_follow || v_job.id;
-                            ELSIF v_conc = 1 AND v_lim.rate_count IS NULL THEN
+                            ELSIF v_conc = 1 AND v_lim.rate_count IS NULL AND NOT v_weighted THEN
                                 v_follow := v_follow || v_job.id;
                             END IF;
                             EXIT queues WHEN v_count >= v_limit;
                         END LOOP;
                     END LOOP;
+                    EXIT WHEN v_q_declined;
                     v_bound := v_prio;
                 END LOOP;
             ELSE
@@ -561,18 +603,6 @@ BEGIN
                 EXIT queues WHEN v_count >= v_limit;
             END IF;
         END LOOP;
-    END LOOP;
-    -- Groups passed by for their weights: a pick that found nothing sweeps
-    -- again taking every group, for one job (more would undo the weights);
-    -- one that found jobs tells the caller to look again after them.
-    EXIT sweeps WHEN NOT v_passed OR v_all;
-    IF v_count > 0 THEN
-        v_more := true;
-        EXIT sweeps;
-    END IF;
-    v_all := true;
-    v_seen := 0;
-    v_limit := 1;
     END LOOP;
     -- A pick that took all it could may have left other work ready: look
     -- (without locks; a ready group that another runner holds counts too).
@@ -595,7 +625,9 @@ BEGIN
     -- Each candidate is read without a lock, in a statement whose snapshot
     -- is taken after the group's lock, then locked by key; the first that
     -- cannot be taken ends its group's followers (none may be skipped).
-    IF NOT v_more AND NOT v_passed AND v_count < v_batch AND cardinality(v_follow) > 0 THEN
+    -- (Not after a lane without a free permit left groups whose turn it
+    -- was not: they wait, and their competitors' next jobs must too.)
+    IF NOT v_more AND NOT v_declined AND v_count < v_batch AND cardinality(v_follow) > 0 THEN
         v_heads := v_count;
         <<follow>>
         FOR v_i IN 1 .. v_heads LOOP

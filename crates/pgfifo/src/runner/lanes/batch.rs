@@ -52,6 +52,7 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::sync::SemaphorePermit;
 use tracing::Instrument;
 
 use super::attempt::{run_attempt, Decided};
@@ -118,13 +119,14 @@ impl From<Written> for Finished {
 /// or the job has no attempts left).
 type Slot = (PickedJob, Option<i32>);
 
-/// Runs a pick's jobs (picked by lane `lane`) to their outcomes (see
-/// [`Finished`]); `Err` when the connection must be given up.
-pub(super) async fn run_batch(
-    lanes: &Lanes,
+/// Runs a pick's jobs (picked by lane `lane`, holding `reserved` if it took
+/// a permit before the pick) to their outcomes (see [`Finished`]); `Err`
+/// when the connection must be given up.
+pub(super) async fn run_batch<'l>(
+    lanes: &'l Lanes,
     conn: &mut JobConn,
     jobs: Vec<PickedJob>,
-    lane: usize,
+    (lane, reserved): (usize, Option<SemaphorePermit<'l>>),
     batching: &mut Batching,
 ) -> Result<Finished, ConnectionLost> {
     // A job in long mode runs alone: its pick's transaction commits as soon
@@ -198,7 +200,7 @@ pub(super) async fn run_batch(
     // their attempts recorded meanwhile. Jobs that wait too long are handed
     // back (and their attempts forgotten) rather than sit on their groups.
     let board = &*lanes.board;
-    let permit = match board.permits.try_acquire().ok() {
+    let permit = match reserved.or_else(|| board.permits.try_acquire().ok()) {
         Some(permit) => permit,
         None => {
             let waited = tokio::select! {
@@ -345,7 +347,10 @@ pub(super) async fn run_batch(
         }
     }
     // The permit is free as soon as the handlers are done; writing the
-    // outcomes and committing overlap with the next handler.
+    // outcomes and committing overlap with the next handler. (A lane that
+    // takes the permit meanwhile learns that these jobs' groups are about
+    // to be free: see "Weights" in `pgfifo.pick`.)
+    board.note_finishing(lane);
     drop(permit);
     let handed_back = split || done.len() < picked;
     let mut finished = Finished::from(write(lanes, conn, done, backend_pid, batching).await?);

@@ -236,16 +236,18 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
 /// Opens the next job transaction (committing `pending`, and ending the
 /// current one if `end_first`) and picks up to `limit` jobs of different
 /// groups, `batch` in all with their groups' next jobs, in one round trip.
+/// `start_at_once`: the lane holds a permit for its first handler, so the
+/// pick may take a job that must begin at once (see `pgfifo.pick`).
 async fn pick(
     lanes: &Lanes,
     conn: &mut JobConn,
     lane: &Lane,
     pending: &mut Pending,
     (limit, batch): (i32, i32),
-    end_first: bool,
+    (end_first, start_at_once): (bool, bool),
 ) -> Result<diesel::QueryResult<Picked>, ConnectionLost> {
     let board = &*lanes.board;
-    let locked_elsewhere = board.locked_elsewhere(lane.index);
+    let (locked_elsewhere, finishing_elsewhere) = board.locked_elsewhere(lane.index);
     let request = PickRequest {
         queues: &lanes.queues,
         turn: lane.turn,
@@ -254,7 +256,8 @@ async fn pick(
         limit,
         batch: batch.max(limit),
         held_elsewhere: &locked_elsewhere,
-        start_at_once: board.permits.available_permits() > 0,
+        finishing_elsewhere: &finishing_elsewhere,
+        start_at_once,
     };
     let commit_first = end_first || !pending.is_empty();
     let (opened, picked) = conn.open_and_pick(commit_first, &request).await;
@@ -282,7 +285,24 @@ async fn pick_and_run<'l>(
     let spread = board.others_seek(seeking.now());
     let limit = lane.batching.limit(spread);
     let batch = lane.batching.batch();
-    let mut picked = pick(lanes, conn, lane, pending, (limit, batch), false).await?;
+    // A permit free now is taken before the pick, not after it: a pick
+    // that may take a job which must begin at once (a job of a group of
+    // concurrency above 1, whose younger jobs other slots could otherwise
+    // begin and end first; the next share of a queue with weights) must
+    // hold the permit it begins with. Looking at the count and taking the
+    // permit later let two lanes both pass the look, and one job wait for
+    // the other's handler. (A permit released while lanes wait for one goes
+    // to them first: a prefetched job keeps its place.)
+    let mut permit = board.permits.try_acquire().ok();
+    let mut picked = pick(
+        lanes,
+        conn,
+        lane,
+        pending,
+        (limit, batch),
+        (false, permit.is_some()),
+    )
+    .await?;
     let mut handed_back = false;
     // A pick of several jobs that took every ready job it could see (no
     // `more`), by a lane with no work of its own to come, may leave other
@@ -307,7 +327,15 @@ async fn pick_and_run<'l>(
             );
             lane.batching.picked(limit, groups);
             board.note_locked(lane.index, []);
-            picked = pick(lanes, conn, lane, pending, (1, batch), true).await?;
+            picked = pick(
+                lanes,
+                conn,
+                lane,
+                pending,
+                (1, batch),
+                (true, permit.is_some()),
+            )
+            .await?;
             handed_back = true;
             board.wake(others);
         }
@@ -317,6 +345,10 @@ async fn pick_and_run<'l>(
     match &picked {
         Ok(Picked::Jobs { jobs, .. }) => board.note_locked(lane.index, jobs.iter().map(|j| j.id)),
         _ => board.note_locked(lane.index, []),
+    }
+    if !matches!(picked, Ok(Picked::Jobs { .. })) {
+        // Nothing to begin: the permit goes back before anything else.
+        permit = None;
     }
     let (jobs, more) = match picked {
         Ok(Picked::Jobs { jobs, more }) => {
@@ -389,7 +421,14 @@ async fn pick_and_run<'l>(
         again,
         continues,
         soon,
-    } = run_batch(lanes, conn, jobs, lane.index, &mut lane.batching).await?;
+    } = run_batch(
+        lanes,
+        conn,
+        jobs,
+        (lane.index, permit.take()),
+        &mut lane.batching,
+    )
+    .await?;
     lane.own_work = continues;
     pending.done = done;
     pending.soon = soon;

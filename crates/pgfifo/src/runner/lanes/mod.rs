@@ -118,7 +118,7 @@ pub(crate) struct Board {
     /// Wake-ups that no waiting lane could take, and every `wake_all`.
     missed: AtomicU64,
     /// Per lane, the jobs it has locked (see the module documentation).
-    locked: Vec<Mutex<Vec<i64>>>,
+    locked: Vec<Mutex<Locked>>,
     /// Recent handlers' average run time, in µs (see `handler_ran`).
     handler_us: AtomicU64,
     /// When this runner started: the clock of `promoted_at`.
@@ -139,7 +139,7 @@ impl Board {
             seeking: AtomicUsize::new(0),
             missed: AtomicU64::new(0),
             locked: (0..concurrency + prefetch)
-                .map(|_| Mutex::new(Vec::new()))
+                .map(|_| Mutex::new(Locked::default()))
                 .collect(),
             handler_us: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -232,20 +232,42 @@ impl Board {
     /// committed, or it lost its connection).
     fn note_locked(&self, lane: usize, jobs: impl IntoIterator<Item = i64>) {
         let mut locked = self.locked[lane].lock().unwrap_or_else(|e| e.into_inner());
-        locked.clear();
-        locked.extend(jobs);
+        locked.jobs.clear();
+        locked.jobs.extend(jobs);
+        locked.finishing = false;
     }
 
-    /// The jobs the lanes other than `lane` have locked.
-    fn locked_elsewhere(&self, lane: usize) -> Vec<i64> {
+    /// Notes that lane `lane`'s handlers are done: the jobs it has locked
+    /// are free once its outcomes commit, with its next pick.
+    fn note_finishing(&self, lane: usize) {
+        let mut locked = self.locked[lane].lock().unwrap_or_else(|e| e.into_inner());
+        locked.finishing = true;
+    }
+
+    /// The jobs the lanes other than `lane` have locked, and those of them
+    /// whose handlers are done.
+    fn locked_elsewhere(&self, lane: usize) -> (Vec<i64>, Vec<i64>) {
         let mut all = Vec::new();
+        let mut finishing = Vec::new();
         for (other, locked) in self.locked.iter().enumerate() {
             if other != lane {
-                all.extend_from_slice(&locked.lock().unwrap_or_else(|e| e.into_inner()));
+                let locked = locked.lock().unwrap_or_else(|e| e.into_inner());
+                all.extend_from_slice(&locked.jobs);
+                if locked.finishing {
+                    finishing.extend_from_slice(&locked.jobs);
+                }
             }
         }
-        all
+        (all, finishing)
     }
+}
+
+/// The jobs one lane has locked (see [`Board::note_locked`]).
+#[derive(Default)]
+struct Locked {
+    jobs: Vec<i64>,
+    /// The lane's handlers are done and its outcomes wait for their COMMIT.
+    finishing: bool,
 }
 
 /// Whether one lane counts among the board's seeking lanes: from when it
