@@ -184,7 +184,7 @@ impl Workers {
         workers
     }
 
-    fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         self.procs.iter().map(|w| w.child.id()).collect()
     }
 

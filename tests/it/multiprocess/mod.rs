@@ -17,6 +17,8 @@
 mod concurrency;
 pub(crate) mod harness;
 mod rate;
+mod start_order;
+mod weights;
 
 use pgfifo_tests::TestDb;
 

@@ -521,12 +521,21 @@ BEGIN
 END
 $$;
 
+-- How far, in units of virtual time (one start of a weight-1 group), a
+-- group with backlog may fall behind its queue's most advanced group and
+-- still get the turns it missed: a group that could not use its share (it
+-- ran as fast as its concurrency allows, or waited for a retry, a snooze
+-- or a token) catches up, by at most this much.
+CREATE OR REPLACE FUNCTION pgfifo.share_lag() RETURNS double precision
+LANGUAGE sql IMMUTABLE
+RETURN 10;
+
 -- Counts p_starts starts (-1: a start handed back unstarted) of a group of
--- weight p_weight towards its share: 1 / weight each. A start moves a
--- group's share up to the queue's floor first (its most advanced group's,
--- less one unit), so a group that was idle, or could not use its share,
--- gets at most one unit back. Locks the group's share row until the
--- caller's transaction ends (takes of one group are one after another).
+-- weight p_weight towards its share: 1 / weight each. A group without a
+-- share yet starts one unit behind its queue's most advanced group; one
+-- further behind than pgfifo.share_lag() is moved up to that first. Locks
+-- the group's share row until the caller's transaction ends (takes of one
+-- group are one after another).
 CREATE OR REPLACE FUNCTION pgfifo.charge_share(
     p_queue text, p_group text, p_weight integer, p_starts integer
 )
@@ -534,7 +543,7 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_floor double precision;
+    v_front double precision;
     v_step  double precision := p_starts::double precision / greatest(coalesce(p_weight, 1), 1);
 BEGIN
     IF p_starts < 0 THEN
@@ -542,18 +551,42 @@ BEGIN
         WHERE s.queue = p_queue AND s.group_id = p_group;
         RETURN;
     END IF;
-    SELECT s.vtime - 2 INTO v_floor FROM pgfifo.group_share AS s
+    SELECT s.vtime INTO v_front FROM pgfifo.group_share AS s
     WHERE s.queue = p_queue ORDER BY s.vtime DESC LIMIT 1;
     INSERT INTO pgfifo.group_share AS s (queue, group_id, vtime)
-    VALUES (p_queue, p_group, coalesce(v_floor, 0) + v_step)
+    VALUES (p_queue, p_group, coalesce(v_front - 1, 0) + v_step)
     ON CONFLICT (queue, group_id) DO UPDATE
-    SET vtime = greatest(s.vtime, coalesce(v_floor, s.vtime)) + v_step;
+    SET vtime = greatest(s.vtime, coalesce(v_front - pgfifo.share_lag(), s.vtime)) + v_step;
+END
+$$;
+
+-- A group of a queue with weights that becomes active after it was idle
+-- rejoins one unit behind the queue's most advanced group (or where it
+-- was, if that is further on): no credit for the time it had no work.
+-- Called by promote.
+CREATE OR REPLACE FUNCTION pgfifo.rejoin_share(p_queue text, p_group text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_front double precision;
+BEGIN
+    SELECT s.vtime INTO v_front FROM pgfifo.group_share AS s
+    WHERE s.queue = p_queue ORDER BY s.vtime DESC LIMIT 1;
+    IF v_front IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO pgfifo.group_share AS s (queue, group_id, vtime)
+    VALUES (p_queue, p_group, v_front - 1)
+    ON CONFLICT (queue, group_id) DO UPDATE
+    SET vtime = greatest(s.vtime, excluded.vtime);
 END
 $$;
 
 -- The ready groups of one priority level of a queue with weights, as the
--- pick offers them: lowest share first (a group without a share row, or
--- below the floor, counts at the floor), ties round robin from slot
+-- pick offers them: lowest share first (a group without a share counts
+-- one unit behind the most advanced group, one further behind than
+-- pgfifo.share_lag() counts at that lag), ties round robin from slot
 -- p_slot; with each its head. Reads every ready group of the level.
 CREATE OR REPLACE FUNCTION pgfifo.share_candidates(
     p_queue text, p_priority smallint, p_slot integer, p_now timestamptz
@@ -562,12 +595,13 @@ RETURNS TABLE (c_group text, c_ready timestamptz, c_tag double precision, c_head
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_floor double precision;
+    v_front double precision;
 BEGIN
-    SELECT s.vtime - 2 INTO v_floor FROM pgfifo.group_share AS s
+    SELECT s.vtime INTO v_front FROM pgfifo.group_share AS s
     WHERE s.queue = p_queue ORDER BY s.vtime DESC LIMIT 1;
     RETURN QUERY
-    SELECT g.group_id, g.ready_at, coalesce(greatest(s.vtime, v_floor), 0), g.head_id
+    SELECT g.group_id, g.ready_at,
+           coalesce(greatest(s.vtime, v_front - pgfifo.share_lag()), v_front - 1, 0), g.head_id
     FROM pgfifo.queue_group AS g
     LEFT JOIN pgfifo.group_share AS s ON s.queue = g.queue AND s.group_id = g.group_id
     WHERE g.queue = p_queue AND g.ready_at IS NOT NULL AND g.priority = p_priority

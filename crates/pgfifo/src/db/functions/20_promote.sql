@@ -156,6 +156,13 @@ BEGIN
         SET head_id = v_next.id, priority = v_next.priority, ready_at = v_due,
             idle_since = NULL
         WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+        -- In a queue with weights, a group back from idle gets no credit
+        -- for the time it had no work (see pgfifo.rejoin_share).
+        IF v_controlled AND v_group.ready_at IS NULL THEN
+            IF pgfifo.queue_weighted(v_wake.queue) THEN
+                PERFORM pgfifo.rejoin_share(v_wake.queue, v_wake.group_id);
+            END IF;
+        END IF;
         IF v_due > v_now THEN
             ready_later_us := ready_later_us
                               || pgfifo.micros_until(v_due, clock_timestamp());

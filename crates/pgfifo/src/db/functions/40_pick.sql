@@ -280,30 +280,31 @@ BEGIN
                                 v_conc := v_lim.concurrency;
                             END IF;
                             -- Weights: candidates come lowest share first
-                            -- (ties round robin). A lane that can start a
-                            -- job at once takes the first it can lock, so
-                            -- weights never idle a runner. A lane that
-                            -- cannot (pgfifo.pick_slots off: its job would
-                            -- wait for a handler to finish) takes only a
-                            -- group whose turn it is, the lowest share of
-                            -- all ready groups, busy ones included: else,
-                            -- while the group whose turn it is runs, this
-                            -- lane would give its next start to another
-                            -- group, and a few groups would take turns
-                            -- whatever their weights. Nor does any lane
-                            -- when the group whose turn it is is held by
-                            -- one of its runner's lanes whose handlers are
-                            -- done (pgfifo.pick_soon): that lane picks
-                            -- again the moment it commits.
+                            -- (ties round robin), and a lane that can
+                            -- start a job at once takes the first it can
+                            -- lock, so weights never idle a runner. Except:
+                            --  * a lane that cannot start one at once
+                            --    (pgfifo.pick_slots off) takes nothing: its
+                            --    job would wait for a handler to finish,
+                            --    holding a group that another runner's
+                            --    free slot could run now, and whose turn it
+                            --    may not be by then (with few groups, the
+                            --    groups took turns whatever their weights);
+                            --  * no lane takes a later turn's group while
+                            --    the group whose turn it is is held by a lane
+                            --    of its runner whose handlers are done
+                            --    (pgfifo.pick_soon): that lane picks it again
+                            --    as it commits;
+                            --  * a pick of several jobs takes them turn by
+                            --    turn: not a group whose turn comes after
+                            --    the next turn of a group it took.
                             IF v_weighted THEN
                                 IF v_tag_min IS NULL THEN
                                     v_tag_min := v_cand.tag;
                                     v_min_soon := v_cand.head_id = ANY (v_soon);
                                 END IF;
-                                -- A pick of several jobs takes them turn by
-                                -- turn: not a group whose turn comes after
-                                -- the next turn of a group it took.
-                                IF v_cand.tag > v_tag_min + 1e-9 AND (NOT v_slots_ok OR v_min_soon)
+                                IF NOT v_slots_ok
+                                   OR v_cand.tag > v_tag_min + 1e-9 AND v_min_soon
                                    OR v_cand.tag > v_next_turn + 1e-9 THEN
                                     v_declined := true;
                                     v_q_declined := true;
