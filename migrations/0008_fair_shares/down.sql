@@ -1,6 +1,13 @@
--- Reverts 0008_fair_shares. The functions stay: they use the shares only
--- while pgfifo.group_share exists, and weights then act as round robin
--- among ready groups until the next `migrate up`.
+-- Reverts 0008_fair_shares: the shares and the functions that keep them go.
+-- The functions of the hot path stay: they use shares only while
+-- pgfifo.group_share exists, and without it weights have no effect (round
+-- robin among ready groups, as in 0.2.0's schema without a runner of
+-- 0.2.0's functions) until the next `migrate up`.
+DROP FUNCTION IF EXISTS pgfifo.share_candidates(text, smallint, integer, timestamptz);
+DROP FUNCTION IF EXISTS pgfifo.rejoin_share(text, text);
+DROP FUNCTION IF EXISTS pgfifo.charge_share(text, text, integer, integer);
+DROP FUNCTION IF EXISTS pgfifo.share_lag();
+DROP FUNCTION IF EXISTS pgfifo.queue_weighted(text);
 DROP TABLE IF EXISTS pgfifo.group_share;
 -- The function set recorded as installed is no longer what is installed:
 -- the next `migrate up` installs it again.

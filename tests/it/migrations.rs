@@ -417,7 +417,7 @@ async fn down_one_and_up_again_reinstalls_the_functions_it_dropped() {
         vec![migrate::latest_version()]
     );
     let installed =
-        "(to_regprocedure('pgfifo.long_run_free(text, text, bigint)') IS NOT NULL)::int";
+        "(to_regprocedure('pgfifo.share_candidates(text, smallint, integer, timestamptz)') IS NOT NULL)::int";
     assert_eq!(scalar(&mut conn, installed).await, 0);
     let migrated = migrate::migrate_conn(&mut conn).await.unwrap();
     assert_eq!(migrated.applied, vec![migrate::latest_version()]);

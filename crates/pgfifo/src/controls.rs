@@ -167,8 +167,9 @@ pub struct GroupLimits {
     /// They start in FIFO order; see `docs/group-controls.md` for what a
     /// failing job does to the jobs behind it.
     pub concurrency: Option<u32>,
-    /// The group's share of turns among groups with backlog when there are
-    /// more of them than free slots (1 to 1,000; default 1).
+    /// The group's share of starts among groups with backlog when there
+    /// are fewer free slots than they could use (1 to 1,000; default 1):
+    /// start-time fair queueing, see `docs/group-controls.md`.
     pub weight: Option<u32>,
 }
 

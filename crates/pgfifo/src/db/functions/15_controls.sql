@@ -157,7 +157,12 @@ BEGIN
         -- A start in a queue with weights counts towards its group's share.
         IF v_wq IS DISTINCT FROM v_job.queue THEN
             v_wq := v_job.queue;
-            v_weighted := pgfifo.queue_weighted(v_wq);
+            -- (In branches: after `migrate down`, the shares' functions
+            -- are gone.)
+            v_weighted := false;
+            IF to_regclass('pgfifo.group_share') IS NOT NULL THEN
+                v_weighted := pgfifo.queue_weighted(v_wq);
+            END IF;
         END IF;
         IF v_rate.rate_count IS NULL THEN
             IF v_weighted THEN
@@ -247,7 +252,12 @@ BEGIN
         SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
         IF v_wq IS DISTINCT FROM v_job.queue THEN
             v_wq := v_job.queue;
-            v_weighted := pgfifo.queue_weighted(v_wq);
+            -- (In branches: after `migrate down`, the shares' functions
+            -- are gone.)
+            v_weighted := false;
+            IF to_regclass('pgfifo.group_share') IS NOT NULL THEN
+                v_weighted := pgfifo.queue_weighted(v_wq);
+            END IF;
         END IF;
         IF v_weighted THEN
             PERFORM pgfifo.charge_share(v_job.queue, v_job.group_id, v_rate.weight, -1);

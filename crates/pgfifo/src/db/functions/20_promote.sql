@@ -158,7 +158,10 @@ BEGIN
         WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
         -- In a queue with weights, a group back from idle gets no credit
         -- for the time it had no work (see pgfifo.rejoin_share).
-        IF v_controlled AND v_group.ready_at IS NULL THEN
+        IF v_controlled AND v_group.ready_at IS NULL
+           AND to_regclass('pgfifo.group_share') IS NOT NULL THEN
+            -- (In branches: after `migrate down`, the shares' functions
+            -- are gone.)
             IF pgfifo.queue_weighted(v_wake.queue) THEN
                 PERFORM pgfifo.rejoin_share(v_wake.queue, v_wake.group_id);
             END IF;

@@ -164,6 +164,10 @@ DECLARE
     v_q       text;
     v_group   record;
     v_cand    record;
+    v_w_groups text[];
+    v_w_ready timestamptz[];
+    v_w_tags  double precision[];
+    v_w_heads bigint[];
     v_lo      bigint;
     v_hi      bigint;
     v_job     pgfifo.job;
@@ -236,8 +240,18 @@ BEGIN
                     -- stopped matching between snapshot and lock, such as a
                     -- group that just went idle, for the whole job.)
                     -- In a queue with weights, one pass in the order of
-                    -- the groups' shares instead (see "Weights").
+                    -- the groups' shares instead (see "Weights"), read
+                    -- first: that statement is planned only in such a
+                    -- queue, so that the function works on a schema
+                    -- without shares, after `migrate down`.
                     v_tag_min := NULL;
+                    IF v_weighted THEN
+                        SELECT array_agg(c.c_group ORDER BY c.n), array_agg(c.c_ready ORDER BY c.n),
+                               array_agg(c.c_tag ORDER BY c.n), array_agg(c.c_head ORDER BY c.n)
+                        INTO v_w_groups, v_w_ready, v_w_tags, v_w_heads
+                        FROM pgfifo.share_candidates(v_q, v_prio, v_slot, v_now)
+                             WITH ORDINALITY AS c(c_group, c_ready, c_tag, c_head, n);
+                    END IF;
                     FOR v_pass IN 0 .. 1 LOOP
                         IF v_pass = 0 THEN
                             v_lo := v_slot;
@@ -247,10 +261,11 @@ BEGIN
                             v_hi := v_slot::bigint - 1;
                         END IF;
                         FOR v_cand IN
-                            (SELECT c.c_group AS group_id, c.c_ready AS ready_at, c.c_tag AS tag,
-                                    c.c_head AS head_id
-                             FROM pgfifo.share_candidates(v_q, v_prio, v_slot, v_now) AS c
-                             WHERE v_weighted AND v_pass = 0)
+                            (SELECT o.group_id, o.ready_at, o.tag, o.head_id
+                             FROM unnest(v_w_groups, v_w_ready, v_w_tags, v_w_heads)
+                                  WITH ORDINALITY AS o(group_id, ready_at, tag, head_id, n)
+                             WHERE v_weighted AND v_pass = 0
+                             ORDER BY o.n)
                             UNION ALL
                             (SELECT g.group_id, g.ready_at, NULL::double precision, NULL::bigint
                              FROM pgfifo.queue_group AS g
