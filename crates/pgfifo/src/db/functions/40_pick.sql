@@ -106,8 +106,9 @@
 -- one start at a time; and not in a queue with weights, where each start
 -- takes its group's turn (followers would take turns that are others').
 -- A follower is locked FOR UPDATE like its head and returned after every
--- head, its group's in id order; T holds the group row throughout, so nobody else can start any of them. The runner runs a
--- follower only once every earlier job of its group has succeeded, and
+-- head, its group's in id order; T holds the group row throughout, so
+-- nobody else can start any of them. The runner runs a follower only once
+-- every earlier job of its group has succeeded, and
 -- hands it back otherwise (see pgfifo.complete for how several jobs of one
 -- group are completed). Followers never change `more`: their group's next
 -- job is reported by complete.
