@@ -83,11 +83,27 @@ pub fn prepare_for_transaction_pooler(conn: &mut AsyncPgConnection) {
 /// open (`prepared statement "s0" does not exist`) or leaves a statement
 /// behind on a server, where it later collides with another process's
 /// statement of the same name. Here the setup runs inside a transaction.
+///
+/// `url` may name several hosts; each is tried in turn within
+/// [`CONNECT_TIMEOUT`](super::CONNECT_TIMEOUT), as by
+/// [`connect`](super::connect). A `pgbouncer=true` parameter is taken out.
 pub async fn establish(url: &str) -> ConnectionResult<AsyncPgConnection> {
-    let bad = |err: tokio_postgres::Error| ConnectionError::BadConnection(err.to_string());
-    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let target = super::hosts::Target::parse(url)?;
+    super::hosts::open(&target, super::CONNECT_TIMEOUT, true)
         .await
-        .map_err(bad)?;
+        .map_err(Into::into)
+}
+
+/// Sets up a connection that tokio-postgres opened through a
+/// transaction-mode pooler (see [`establish`]).
+pub(crate) async fn setup(
+    client: tokio_postgres::Client,
+    mut connection: tokio_postgres::Connection<
+        tokio_postgres::Socket,
+        tokio_postgres::tls::NoTlsStream,
+    >,
+) -> ConnectionResult<AsyncPgConnection> {
+    let bad = |err: tokio_postgres::Error| ConnectionError::BadConnection(err.to_string());
     // The connection's I/O is driven by polling `connection`: here, until
     // the BEGIN is through; then by the task diesel-async spawns for it.
     {

@@ -1,0 +1,20 @@
+//! Failover tests (issue 30): pgfifo on a primary with a streaming standby,
+//! both private servers started by the tests (`pgfifo_tests::failover`).
+//!
+//! * `connect.rs`: connecting with a multi-host URL moves on to the next
+//!   host when the first one hangs in its start-up exchange (its postmaster
+//!   is stopped with SIGSTOP), within the per-host deadline.
+//! * `switch.rs`: a runner with a multi-host URL drains jobs in many
+//!   groups while the primary is killed (`kill -9` of its postmaster) or
+//!   frozen (SIGSTOP of every process) and the standby is promoted; with
+//!   synchronous replication nothing acknowledged is lost, no group runs
+//!   out of order or overlaps, every job completes without restarting the
+//!   runner, and the time from the promotion to the first job committed on
+//!   the new primary is printed.
+//!
+//! They run with `cargo test --workspace` (each starts its servers; the
+//! whole binary takes well under two minutes). Run them with the output:
+//! `cargo test -p pgfifo-tests --test failover -- --nocapture --test-threads=1`.
+
+mod connect;
+mod switch;
