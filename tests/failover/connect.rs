@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use diesel_async::SimpleAsyncConnection;
 use pgfifo::ConnectOptions;
-use pgfifo_tests::failover::{Node, Replication};
+use pgfifo_tests::failover::Node;
 use pgfifo_tests::TestDb;
 
 /// The slack allowed past the deadline of the hung host: the healthy host
@@ -14,7 +14,7 @@ const MARGIN: Duration = Duration::from_millis(2_500);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_first_host_costs_its_deadline_then_the_next_host_answers() {
     let db = TestDb::new().await;
-    let mut hung = Node::primary(Replication::Asynchronous).expect("start a private server");
+    let mut hung = Node::primary().expect("start a private server");
     hung.freeze_postmaster().expect("SIGSTOP the postmaster");
     // The hung server first, the shared test server second.
     let url = db.url.replacen('@', &format!("@{},", hung.host()), 1);

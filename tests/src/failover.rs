@@ -28,19 +28,10 @@ pub struct Node {
     frozen: Vec<u32>,
 }
 
-/// How the standby confirms the primary's commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Replication {
-    /// `synchronous_standby_names = '*'`: a commit returns once the standby
-    /// has it.
-    Synchronous,
-    /// The default: a commit returns once it is on the primary's disk.
-    Asynchronous,
-}
-
 impl Node {
-    /// A new primary (initdb and start).
-    pub fn primary(replication: Replication) -> Result<Node, String> {
+    /// A new primary (initdb and start). It replicates asynchronously until
+    /// told otherwise (`synchronous_standby_names`, once a standby runs).
+    pub fn primary() -> Result<Node, String> {
         let node = Node::prepare("primary")?;
         let mut initdb = node.command("initdb");
         initdb.arg("-D").arg(&node.data).args([
@@ -52,14 +43,10 @@ impl Node {
             "--no-instructions",
         ]);
         run(&mut initdb)?;
-        let sync = match replication {
-            Replication::Synchronous => "synchronous_standby_names = '*'\n",
-            Replication::Asynchronous => "",
-        };
-        node.configure(&format!(
+        node.configure(
             "max_connections = 100\nshared_buffers = 32MB\nwal_level = replica\n\
-             max_wal_senders = 5\nwal_keep_size = 256MB\n{sync}"
-        ))?;
+             max_wal_senders = 5\nwal_keep_size = 256MB\n",
+        )?;
         node.start()?;
         Ok(node)
     }

@@ -9,7 +9,10 @@
 //! since the previous one.
 //!
 //! The connection is taken from the pool once and kept; when it breaks
-//! (database restart, killed backend) the next request takes a new one.
+//! (database restart, killed backend), its server does not answer a batch
+//! within the round-trip deadline, or it takes no writes (a demoted
+//! primary), the pool is told to close it and the next request takes a new
+//! one.
 
 use std::collections::{HashMap, HashSet};
 
@@ -18,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::jitter::reconnect_backoff;
+use crate::db::error::{must_replace, timed_out};
 use crate::db::runner as sql;
 use crate::db::{Pool, PooledConnection};
 
@@ -65,12 +69,12 @@ pub(crate) struct Bookkeeper {
 impl Bookkeeper {
     /// Spawns the task on `conn`, taken from `pool` before the runner's
     /// workers start (so they cannot starve it of a connection); the pool
-    /// gives a replacement when it breaks. It ends when `service` is
-    /// cancelled.
+    /// gives a replacement when it breaks. `runner` is the runner's name and
+    /// its round-trip deadline. It ends when `service` is cancelled.
     pub(crate) fn spawn(
         pool: Pool,
         conn: PooledConnection,
-        runner: String,
+        runner: (String, std::time::Duration),
         service: CancellationToken,
         tracker: &TaskTracker,
     ) -> Self {
@@ -143,7 +147,7 @@ impl Bookkeeper {
 async fn run(
     pool: Pool,
     conn: PooledConnection,
-    runner: String,
+    (runner, deadline): (String, std::time::Duration),
     service: CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
@@ -178,11 +182,20 @@ async fn run(
             }
         }
         let c = conn.as_mut().expect("connection taken above");
-        match process(c, &runner, batch).await {
+        // (Requests of a batch cut off by the deadline get no answer: their
+        // senders see the bookkeeper gone and count them as failed.)
+        let processed = tokio::time::timeout(deadline, process(c, &runner, batch))
+            .await
+            .unwrap_or_else(|_| Err(timed_out(deadline)));
+        match processed {
             Ok(()) => failures = 0,
             Err(err) => {
                 tracing::warn!(error = %err, "pgfifo: attempt bookkeeping failed; reconnecting");
-                // A broken connection is discarded by the pool when dropped.
+                // A broken connection is discarded by the pool when dropped;
+                // one to a hung or read-only server must be told so.
+                if must_replace(&err) {
+                    crate::db::discard(c);
+                }
                 conn = None;
                 failures += 1;
             }

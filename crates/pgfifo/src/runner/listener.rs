@@ -38,6 +38,19 @@ pub(crate) struct Listener {
     pub poll_interval: Duration,
     pub board: Arc<Board>,
     pub timer: Timer,
+    /// How long the server gets to answer each round trip.
+    pub round_trip: Duration,
+}
+
+/// `work` within `deadline`, its error as text.
+async fn bounded<T, E: std::fmt::Display>(
+    deadline: Duration,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(deadline, work).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(crate::db::error::timed_out(deadline).to_string()),
+    }
 }
 
 /// Listens, promotes and wakes lanes until `service` is cancelled.
@@ -115,7 +128,10 @@ async fn poll(listener: &Listener, service: &CancellationToken) {
                 continue;
             }
         };
-        let round = promote_and_wake(listener, &mut conn, false);
+        let round = bounded(
+            listener.round_trip,
+            promote_and_wake(listener, &mut conn, false),
+        );
         match round.await {
             Ok(()) if std::mem::take(&mut failing) => {
                 tracing::info!("pgfifo: polling for new work works again");
@@ -145,10 +161,12 @@ async fn listen_on(
     service: &CancellationToken,
     conn: &mut AsyncPgConnection,
 ) -> Result<(), String> {
-    conn.batch_execute(sql::LISTEN)
-        .await
-        .map_err(|e| e.to_string())?;
-    let own_pid = sql::backend_pid(conn).await.map_err(|e| e.to_string())?;
+    // Each round trip has the deadline: on a hung server the listener gives
+    // the connection up (it is its own, and closes when dropped) and opens
+    // another, which a multi-host URL sends to the writable server.
+    let deadline = listener.round_trip;
+    bounded(deadline, conn.batch_execute(sql::LISTEN)).await?;
+    let own_pid = bounded(deadline, sql::backend_pid(conn)).await?;
     tracing::debug!("pgfifo: listening for new jobs");
     // Work enqueued while no runner listened. Lanes that looked for work
     // meanwhile may have found the wake rows taken by this promote (they are
@@ -194,13 +212,13 @@ async fn listen_on(
             // The connection closes when it is dropped.
             Interrupt::Stop => return Ok(()),
             Interrupt::Notified { work, groups: true } => {
-                promote_and_wake(listener, conn, work).await?
+                bounded(deadline, promote_and_wake(listener, conn, work)).await?
             }
             // Work without a group to promote (an enqueuer made its group
             // active, an ungrouped job, an operator's release): a lane.
             Interrupt::Notified { groups: false, .. } => listener.board.wake(1),
             // The poll: also proves the connection is alive.
-            Interrupt::Tick => promote_and_wake(listener, conn, false).await?,
+            Interrupt::Tick => bounded(deadline, promote_and_wake(listener, conn, false)).await?,
         }
     }
 }

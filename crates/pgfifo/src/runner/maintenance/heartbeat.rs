@@ -29,6 +29,8 @@ pub(crate) struct Heartbeat {
     pub name: String,
     pub queues: Vec<String>,
     pub interval: Duration,
+    /// How long the server gets to answer a heartbeat's statements.
+    pub round_trip: Duration,
     pub metrics: Arc<Metrics>,
     /// The schedules this runner declares, `{"name": definition}`: stored
     /// with the heartbeat so that a schedule no live runner declares shows
@@ -45,7 +47,13 @@ impl Heartbeat {
         let mut starting = true;
         let mut upgrade_noted = false;
         loop {
-            if let Some(schema) = complaints.report(self.beat(starting).await) {
+            // The checkout waits up to the interval, the statements up to
+            // the round-trip deadline.
+            let deadline = self.interval + self.round_trip;
+            let beat = tokio::time::timeout(deadline, self.beat(starting))
+                .await
+                .unwrap_or_else(|_| Err(crate::Error::Database(db::error::timed_out(deadline))));
+            if let Some(schema) = complaints.report(beat) {
                 starting = false;
                 if !upgrade_noted && schema.is_some_and(|v| v > latest_version()) {
                     upgrade_noted = true;
