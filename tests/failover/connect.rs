@@ -43,7 +43,11 @@ async fn a_hung_first_host_costs_its_deadline_then_the_next_host_answers() {
         .await
         .expect("a new pooled connection");
     let took = began.elapsed();
-    assert!(took < per_host + MARGIN, "a pool connection took {took:?}");
+    // The hung host failed a moment ago: it is tried last now.
+    assert!(
+        took < Duration::from_secs(1),
+        "a pool connection took {took:?}: the host that just hung was tried first again"
+    );
     conn.batch_execute("SELECT 1").await.expect("a round trip");
     pgfifo::migrate(&pool)
         .await

@@ -2,6 +2,9 @@
 //! streaming standby made with `pg_basebackup -R`, each on a free port of
 //! 127.0.0.1, with trust authentication, in a temporary directory.
 //!
+//! Both keep commit timestamps (`track_commit_timestamp`), so that a test
+//! can tell when a row committed, on either server.
+//!
 //! The tests kill (`kill -9` of the postmaster), freeze (SIGSTOP of every
 //! process of the server) and promote them. A [`Node`] is stopped and its
 //! files deleted when dropped, also when the test panics: a frozen server
@@ -95,7 +98,8 @@ impl Node {
     fn configure(&self, extra: &str) -> Result<(), String> {
         let conf = format!(
             "\n# pgfifo failover tests\nport = {}\nlisten_addresses = '127.0.0.1'\n\
-             unix_socket_directories = '{}'\nfsync = on\nlog_line_prefix = '%m [%p] %a '\n{extra}",
+             unix_socket_directories = '{}'\nfsync = on\ntrack_commit_timestamp = on\n\
+             log_line_prefix = '%m [%p] %a '\n{extra}",
             self.port,
             self.root.display()
         );
@@ -220,6 +224,16 @@ impl Node {
             .args(["-w", "-t", "60", "promote"]);
         run(&mut promote)?;
         Ok(Instant::now())
+    }
+
+    /// `pg_ctl stop -m fast`: sessions are ended, and the WAL is sent to
+    /// the standby before the server exits.
+    pub fn stop_fast(&self) -> Result<(), String> {
+        let mut stop = self.command("pg_ctl");
+        stop.arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "-w", "-t", "60", "stop"]);
+        run(&mut stop).map(drop)
     }
 
     fn stop_immediate(&self) {

@@ -14,13 +14,19 @@
 //! TCP connect, the start-up exchange, the read-write check and pgfifo's
 //! setup of the connection.
 //!
+//! A host that failed (refused, hung, took no writes) is tried after the
+//! others for [`FAILED_HOST_LAST`]: after a failover, the first new
+//! connection finds out that the old primary hangs, and the next ones go
+//! straight to the new one instead of each waiting out the deadline.
+//!
 //! pgfifo reads one parameter of its own from the URL, [`POOLER_FLAG`]
 //! (`pgbouncer=true`, as Prisma spells it): the URL leads to a pooler in
 //! transaction mode. It is removed before the URL reaches tokio-postgres,
 //! which refuses parameters it does not know.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use diesel::{ConnectionError, ConnectionResult};
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
@@ -52,6 +58,9 @@ const CHECK_WRITABLE: &str = "DO $$BEGIN IF current_setting('transaction_read_on
 /// The pool's check of a connection that may take any server.
 const CHECK: &str = "SELECT 1";
 
+/// How long a host that failed is tried after the others.
+pub(crate) const FAILED_HOST_LAST: Duration = Duration::from_secs(30);
+
 /// A database URL, read.
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
@@ -61,6 +70,9 @@ pub(crate) struct Target {
     pub(crate) config: Config,
     /// The URL carries [`POOLER_FLAG`]`=true`.
     pub(crate) transaction_pooler: bool,
+    /// When each host that failed last failed (shared by the copies of
+    /// this target).
+    failed: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl Target {
@@ -75,6 +87,7 @@ impl Target {
             url,
             config,
             transaction_pooler,
+            failed: Arc::default(),
         })
     }
 
@@ -170,12 +183,35 @@ pub(crate) async fn open(
     per_host: Duration,
     pooled: bool,
 ) -> Result<AsyncPgConnection, Failure> {
-    let hosts = one_per_host(&target.config);
+    let mut hosts = one_per_host(&target.config);
+    let several = hosts.len() > 1;
+    if several {
+        // Hosts that failed lately last, the others in their order.
+        let failed = target.failed.lock().unwrap_or_else(|e| e.into_inner());
+        hosts.sort_by_key(|(name, _)| {
+            failed
+                .get(name)
+                .is_some_and(|at| at.elapsed() < FAILED_HOST_LAST)
+        });
+    }
+    let note = |name: &String, failed: bool| {
+        if several {
+            let mut hosts = target.failed.lock().unwrap_or_else(|e| e.into_inner());
+            if failed {
+                hosts.insert(name.clone(), Instant::now());
+            } else {
+                hosts.remove(name);
+            }
+        }
+    };
     let mut reasons = Vec::new();
     let mut all_timed_out = true;
     for (name, config) in &hosts {
         match tokio::time::timeout(per_host, open_one(config, pooled)).await {
-            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Ok(conn)) => {
+                note(name, false);
+                return Ok(conn);
+            }
             Ok(Err(err)) => {
                 all_timed_out = false;
                 reasons.push((name, err.to_string()));
@@ -185,6 +221,7 @@ pub(crate) async fn open(
                 format!("the server did not answer within {per_host:?}"),
             )),
         }
+        note(name, true);
         if hosts.len() > 1 {
             tracing::debug!(host = %name, reason = %reasons[reasons.len() - 1].1, "pgfifo: trying the next host");
         }

@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::hung::HungSignal;
 use super::jitter::reconnect_backoff;
 use crate::db::error::{must_replace, timed_out};
 use crate::db::runner as sql;
@@ -69,12 +70,14 @@ pub(crate) struct Bookkeeper {
 impl Bookkeeper {
     /// Spawns the task on `conn`, taken from `pool` before the runner's
     /// workers start (so they cannot starve it of a connection); the pool
-    /// gives a replacement when it breaks. `runner` is the runner's name and
-    /// its round-trip deadline. It ends when `service` is cancelled.
+    /// gives a replacement when it breaks. `runner` is the runner's name,
+    /// its round-trip deadline and where its lanes say that a server hung
+    /// (a connection taken before is replaced). It ends when `service` is
+    /// cancelled.
     pub(crate) fn spawn(
         pool: Pool,
         conn: PooledConnection,
-        runner: (String, std::time::Duration),
+        runner: (String, std::time::Duration, HungSignal),
         service: CancellationToken,
         tracker: &TaskTracker,
     ) -> Self {
@@ -147,11 +150,13 @@ impl Bookkeeper {
 async fn run(
     pool: Pool,
     conn: PooledConnection,
-    (runner, deadline): (String, std::time::Duration),
+    (runner, deadline, hung): (String, std::time::Duration, HungSignal),
     service: CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
     let mut conn: Option<PooledConnection> = Some(conn);
+    // The hung count when `conn` was taken.
+    let mut taken_at = hung.seen();
     let mut failures = 0u32;
     loop {
         let first = tokio::select! {
@@ -168,7 +173,15 @@ async fn run(
                 Err(_) => break,
             }
         }
+        if let Some(c) = conn.as_mut().filter(|_| hung.seen() != taken_at) {
+            // A lane found a server hung since this connection was taken:
+            // it may be on that server too.
+            tracing::debug!("pgfifo: replacing the bookkeeping connection after a hung server");
+            crate::db::discard(c);
+            conn = None;
+        }
         if conn.is_none() {
+            taken_at = hung.seen();
             match pool.get_owned().await {
                 Ok(c) => conn = Some(c),
                 Err(err) => {

@@ -30,6 +30,7 @@
 mod bookkeeper;
 mod config;
 mod events;
+mod hung;
 mod jitter;
 mod lanes;
 mod listener;
@@ -192,10 +193,11 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     // The bookkeeper's connection is taken before any lane starts: lanes wait
     // for it, so they must never hold every connection of the pool.
     let bookkeeping = pool.get_owned().await?;
+    let hung = hung::HungSignal::default();
     let bookkeeper = Bookkeeper::spawn(
         pool.clone(),
         bookkeeping,
-        (config.name.clone(), config.round_trip_timeout),
+        (config.name.clone(), config.round_trip_timeout, hung.clone()),
         service.clone(),
         &tracker,
     );
@@ -204,7 +206,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         config.concurrency,
         prefetch,
         config.poll_interval,
-        config.round_trip_timeout,
+        (config.round_trip_timeout, hung),
     ));
 
     tracker.spawn(listener::run(

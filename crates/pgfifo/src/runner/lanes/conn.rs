@@ -46,7 +46,7 @@ use diesel_async::{
 };
 use futures_util::FutureExt;
 
-use super::Lanes;
+use super::{Board, Lanes};
 use crate::db::error::timed_out;
 use crate::db::runner::{
     self as sql, Completion, LeftWork, PickRequest, Picked, BEGIN_JOB, BEGIN_JOB_NO_SLOTS,
@@ -54,6 +54,7 @@ use crate::db::runner::{
     PING, RELEASE_HANDLER_SAVEPOINT, ROLLBACK, ROLLBACK_TO_HANDLER_SAVEPOINT,
 };
 use crate::db::PooledConnection;
+use crate::runner::hung::HungSignal;
 
 type Tm = AnsiTransactionManager;
 
@@ -119,16 +120,19 @@ pub(crate) struct JobConn {
     /// The server did not answer in time: the connection is given up
     /// without another round trip.
     hung: bool,
+    /// Where the lane says so, for the runner's other tasks.
+    signal: HungSignal,
 }
 
 impl JobConn {
-    pub(crate) fn new(conn: PooledConnection, deadline: Duration) -> Self {
+    pub(crate) fn new(conn: PooledConnection, board: &Board) -> Self {
         JobConn {
             conn,
             in_transaction: false,
             diesel: DieselView::NoTransaction,
-            deadline,
+            deadline: board.round_trip,
             hung: false,
+            signal: board.hung.clone(),
         }
     }
 
@@ -148,11 +152,23 @@ impl JobConn {
         }
     }
 
-    /// Whether the server did not answer a statement in time.
+    /// If the server did not answer a statement in time: marks the
+    /// connection for the pool to close, and tells the runner's other
+    /// tasks (once).
     fn note_hung(&mut self) {
-        if self.hung {
+        if self.hung && !self.must_discard() {
             crate::db::discard(&mut self.conn);
+            self.signal.note();
         }
+    }
+
+    /// Whether the pool would close the connection already.
+    fn must_discard(&mut self) -> bool {
+        use diesel::connection::TransactionManagerStatus;
+        matches!(
+            Tm::transaction_manager_status_mut(&mut *self.conn),
+            TransactionManagerStatus::InError
+        )
     }
 
     /// The connection, for a handler or a statement in the job transaction.

@@ -81,6 +81,7 @@ use tokio_util::task::TaskTracker;
 
 use super::bookkeeper::Bookkeeper;
 use super::events::Events;
+use super::hung::HungSignal;
 use super::metrics::Metrics;
 use super::timer::Timer;
 use diesel_async::AsyncPgConnection;
@@ -109,6 +110,8 @@ pub(crate) struct Board {
     /// How long the server gets to answer one of the runner's round trips
     /// ([`RunnerConfig::round_trip_timeout`](crate::RunnerConfig::round_trip_timeout)).
     pub(crate) round_trip: Duration,
+    /// Where lanes say that a server did not answer in time.
+    pub(crate) hung: HungSignal,
     /// One permit per handler allowed to run at once.
     permits: Semaphore,
     /// Wakes waiting lanes.
@@ -135,13 +138,14 @@ impl Board {
         concurrency: usize,
         prefetch: usize,
         poll_interval: Duration,
-        round_trip: Duration,
+        (round_trip, hung): (Duration, HungSignal),
     ) -> Self {
         Board {
             concurrency,
             prefetch,
             poll_interval,
             round_trip,
+            hung,
             permits: Semaphore::new(concurrency),
             wake: Notify::new(),
             idle: AtomicUsize::new(0),
@@ -357,6 +361,7 @@ pub(crate) async fn promote_all(
             Ok(promoted) => promoted.map_err(|e| e.to_string())?,
             Err(_) => {
                 crate::db::discard(conn);
+                board.hung.note();
                 return Err(crate::db::error::timed_out(board.round_trip).to_string());
             }
         };
