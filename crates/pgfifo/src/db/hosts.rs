@@ -208,8 +208,9 @@ pub(crate) async fn open(
     let mut all_timed_out = true;
     for (name, config) in &hosts {
         match tokio::time::timeout(per_host, open_one(config, pooled)).await {
-            Ok(Ok(conn)) => {
+            Ok(Ok(mut conn)) => {
                 note(name, false);
+                pooler::mark_host(&mut conn, name);
                 return Ok(conn);
             }
             Ok(Err(err)) => {

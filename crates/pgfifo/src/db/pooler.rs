@@ -30,7 +30,10 @@
 //!
 //! The mark is the connection's diesel [`Instrumentation`]: the one piece of
 //! per-connection state diesel lets a library set and read back. It forwards
-//! every event to diesel's default instrumentation, if one is set.
+//! every event to diesel's default instrumentation, if one is set. The same
+//! mark also names the host a connection that pgfifo opened went to (see
+//! [`host_of`]), for the runner to tell which running handlers a hung
+//! server holds.
 
 use diesel::connection::{
     get_default_instrumentation, CacheSize, Instrumentation, InstrumentationEvent,
@@ -42,13 +45,32 @@ use diesel_async::{
     TransactionManager,
 };
 
-/// The mark of a connection that goes through a transaction-mode pooler.
-struct TransactionPooled {
+/// pgfifo's mark on a connection: whether it goes through a
+/// transaction-mode pooler, and the host it went to.
+struct Mark {
+    transaction_pooled: bool,
+    host: Option<std::sync::Arc<str>>,
     /// diesel's default instrumentation, which the mark replaced.
     inner: Option<Box<dyn Instrumentation>>,
 }
 
-impl Instrumentation for TransactionPooled {
+impl Mark {
+    /// The connection's mark, set now if it has none.
+    fn of(conn: &mut AsyncPgConnection) -> &mut Mark {
+        if conn.instrumentation().downcast_ref::<Mark>().is_none() {
+            conn.set_instrumentation(Mark {
+                transaction_pooled: false,
+                host: None,
+                inner: get_default_instrumentation(),
+            });
+        }
+        conn.instrumentation()
+            .downcast_mut::<Mark>()
+            .expect("the mark was just set")
+    }
+}
+
+impl Instrumentation for Mark {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
         if let Some(inner) = self.inner.as_mut() {
             inner.on_connection_event(event);
@@ -69,9 +91,19 @@ impl Instrumentation for TransactionPooled {
 /// instrumentation with one that forwards to diesel's default one.
 pub fn prepare_for_transaction_pooler(conn: &mut AsyncPgConnection) {
     conn.set_prepared_statement_cache_size(CacheSize::Disabled);
-    conn.set_instrumentation(TransactionPooled {
-        inner: get_default_instrumentation(),
-    });
+    Mark::of(conn).transaction_pooled = true;
+}
+
+/// Notes on `conn` the host (`host:port`) it was opened to.
+pub(crate) fn mark_host(conn: &mut AsyncPgConnection, host: &str) {
+    Mark::of(conn).host = Some(host.into());
+}
+
+/// The host `conn` was opened to, if pgfifo opened it.
+pub(crate) fn host_of(conn: &mut AsyncPgConnection) -> Option<std::sync::Arc<str>> {
+    conn.instrumentation()
+        .downcast_ref::<Mark>()
+        .and_then(|mark| mark.host.clone())
 }
 
 /// Opens a connection through a transaction-mode pooler and
@@ -130,8 +162,8 @@ pub(crate) async fn setup(
 /// Whether `conn` was prepared with [`prepare_for_transaction_pooler`].
 pub fn is_transaction_pooled(conn: &mut AsyncPgConnection) -> bool {
     conn.instrumentation()
-        .downcast_ref::<TransactionPooled>()
-        .is_some()
+        .downcast_ref::<Mark>()
+        .is_some_and(|mark| mark.transaction_pooled)
 }
 
 /// Whether `conn` has a transaction open, as diesel sees it. A connection

@@ -197,9 +197,15 @@ async fn run(
         let c = conn.as_mut().expect("connection taken above");
         // (Requests of a batch cut off by the deadline get no answer: their
         // senders see the bookkeeper gone and count them as failed.)
-        let processed = tokio::time::timeout(deadline, process(c, &runner, batch))
-            .await
-            .unwrap_or_else(|_| Err(timed_out(deadline)));
+        let processed = match tokio::time::timeout(deadline, process(c, &runner, batch)).await {
+            Ok(processed) => processed,
+            Err(_) => {
+                // Only a round trip that got no answer says the server hung
+                // (a closed connection may be one backend terminated).
+                hung.note(crate::db::pooler::host_of(c));
+                Err(timed_out(deadline))
+            }
+        };
         match processed {
             Ok(()) => failures = 0,
             Err(err) => {

@@ -158,8 +158,21 @@ impl JobConn {
     fn note_hung(&mut self) {
         if self.hung && !self.must_discard() {
             crate::db::discard(&mut self.conn);
-            self.signal.note();
+            let host = self.host();
+            self.signal.note(host);
         }
+    }
+
+    /// The host the connection went to (`None`: pgfifo did not open it).
+    pub(crate) fn host(&mut self) -> crate::runner::hung::Host {
+        crate::db::pooler::host_of(&mut self.conn)
+    }
+
+    /// Marks the connection as on a hung server (another connection found
+    /// it so): it is given up without a round trip.
+    pub(crate) fn mark_hung(&mut self) {
+        self.hung = true;
+        crate::db::discard(&mut self.conn);
     }
 
     /// Whether the pool would close the connection already.

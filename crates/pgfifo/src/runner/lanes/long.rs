@@ -164,6 +164,14 @@ pub(super) async fn run_long(
             JobError::retry(format!("the handler timed out after {limit:?}")),
             true,
         ),
+        Ended::ServerHung => {
+            drop(run);
+            conn.mark_hung();
+            return Err(ConnectionLost(format!(
+                "the database server of long job {}'s connection stopped answering; the job runs again",
+                job.id
+            )));
+        }
         Ended::Aborted => {
             drop(run);
             lanes

@@ -360,8 +360,8 @@ pub(crate) async fn promote_all(
         let promoted = match tokio::time::timeout(board.round_trip, promote).await {
             Ok(promoted) => promoted.map_err(|e| e.to_string())?,
             Err(_) => {
+                board.hung.note(crate::db::pooler::host_of(conn));
                 crate::db::discard(conn);
-                board.hung.note();
                 return Err(crate::db::error::timed_out(board.round_trip).to_string());
             }
         };
