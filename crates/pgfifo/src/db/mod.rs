@@ -175,6 +175,20 @@ pub async fn connect_with(database_url: &str, options: ConnectOptions) -> Result
         .map_err(|err| Error::Pool(bb8::RunError::User(err)))
 }
 
+/// Opens one connection outside any pool, as [`connect`]'s pool opens
+/// them: each host of `url` in turn within [`CONNECT_TIMEOUT`],
+/// `target_session_attrs` honoured, and, when the URL carries
+/// `pgbouncer=true`, [prepared for a transaction-mode pooler](pooler::prepare_for_transaction_pooler).
+/// For tools and scripts that want one connection from the same URL as the
+/// runner.
+pub async fn establish(url: &str) -> ConnectionResult<AsyncPgConnection> {
+    let target = hosts::Target::parse(url)?;
+    let pooled = target.transaction_pooler;
+    hosts::open(&target, CONNECT_TIMEOUT, pooled)
+        .await
+        .map_err(Into::into)
+}
+
 /// Opens one connection straight to PostgreSQL, with the keepalive
 /// settings, trying each host of `url` within [`CONNECT_TIMEOUT`]: for what
 /// a pooler cannot carry (LISTEN, session locks).
