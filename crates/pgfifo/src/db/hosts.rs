@@ -258,7 +258,7 @@ async fn open_one(config: &Config, pooled: bool) -> ConnectionResult<AsyncPgConn
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|err| ConnectionError::BadConnection(err.to_string()))?;
+        .map_err(|err| ConnectionError::BadConnection(with_causes(&err)))?;
     if pooled {
         return pooler::setup(client, connection).await;
     }
@@ -267,6 +267,20 @@ async fn open_one(config: &Config, pooled: bool) -> ConnectionResult<AsyncPgConn
         .await
         .map_err(ConnectionError::CouldntSetupConfiguration)?;
     Ok(conn)
+}
+
+/// `err` with its causes: tokio-postgres's own message names only the kind
+/// of error ("db error", "error connecting to server"); the server's
+/// message or the operating system's reason is its source.
+pub(crate) fn with_causes(err: &tokio_postgres::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(err);
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
 
 /// `config` split into one configuration per host, named for messages, in

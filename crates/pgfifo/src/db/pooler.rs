@@ -135,7 +135,9 @@ pub(crate) async fn setup(
         tokio_postgres::tls::NoTlsStream,
     >,
 ) -> ConnectionResult<AsyncPgConnection> {
-    let bad = |err: tokio_postgres::Error| ConnectionError::BadConnection(err.to_string());
+    let bad = |err: tokio_postgres::Error| {
+        ConnectionError::BadConnection(super::hosts::with_causes(&err))
+    };
     // The connection's I/O is driven by polling `connection`: here, until
     // the BEGIN is through; then by the task diesel-async spawns for it.
     {
@@ -146,7 +148,7 @@ pub(crate) async fn setup(
             closed = &mut connection => {
                 return Err(ConnectionError::BadConnection(match closed {
                     Ok(()) => "the server closed the connection".to_owned(),
-                    Err(err) => err.to_string(),
+                    Err(err) => super::hosts::with_causes(&err),
                 }));
             }
         }
