@@ -238,7 +238,11 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     };
     tracker.spawn(heartbeat.run(service.clone()));
     if !schedules.is_empty() {
-        let scheduler = scheduler::Scheduler::new(pool.clone(), config.name.clone(), schedules);
+        let scheduler = scheduler::Scheduler::new(
+            pool.clone(),
+            (config.name.clone(), config.round_trip_timeout),
+            schedules,
+        );
         tracker.spawn(scheduler.run(stop.clone()));
     }
     if let Some(interval) = config.metrics_interval {
@@ -258,6 +262,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             retention,
             metrics: metrics.clone(),
             stop: stop.clone(),
+            round_trip: config.round_trip_timeout,
         }));
     }
 

@@ -90,6 +90,8 @@ pub(crate) fn declarations(schedules: &[Arc<Compiled>]) -> serde_json::Value {
 pub(crate) struct Scheduler {
     pool: Pool,
     runner: String,
+    /// How long the server gets to answer a round trip.
+    round_trip: Duration,
     schedules: Vec<Arc<Compiled>>,
     /// Per schedule (in the order of `schedules`): ticks fired and missed.
     counters: Vec<(Counter, Counter)>,
@@ -97,8 +99,12 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     /// The scheduler of runner `runner`'s schedules (registering their
-    /// metrics).
-    pub(crate) fn new(pool: Pool, runner: String, schedules: Vec<Arc<Compiled>>) -> Self {
+    /// metrics), with the runner's round-trip deadline.
+    pub(crate) fn new(
+        pool: Pool,
+        (runner, round_trip): (String, Duration),
+        schedules: Vec<Arc<Compiled>>,
+    ) -> Self {
         let counters = schedules
             .iter()
             .map(|s| {
@@ -111,6 +117,7 @@ impl Scheduler {
         Self {
             pool,
             runner,
+            round_trip,
             schedules,
             counters,
         }
@@ -120,10 +127,15 @@ impl Scheduler {
     pub(crate) async fn run(self, stop: CancellationToken) {
         let mut complaints = Complaints::new("scheduler");
         let mut foreign = HashSet::new();
+        // A round on a hung server fails after a few round-trip deadlines
+        // (a round is a few statements, and one per tick it fires), and
+        // the next one takes another connection.
+        let bound = REFRESH + self.round_trip * 3;
         loop {
-            let wait = complaints
-                .report(self.round(&mut foreign).await)
-                .unwrap_or(REFRESH);
+            let round = tokio::time::timeout(bound, self.round(&mut foreign))
+                .await
+                .unwrap_or_else(|_| Err(crate::Error::Database(db::error::timed_out(bound))));
+            let wait = complaints.report(round).unwrap_or(REFRESH);
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => break,
