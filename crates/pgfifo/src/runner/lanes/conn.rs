@@ -152,6 +152,24 @@ impl JobConn {
         }
     }
 
+    /// Runs `work` (statements of the runner's own, not a handler's) on the
+    /// connection within the deadline, as the lane's other statements.
+    pub(crate) async fn bounded_on<T>(
+        &mut self,
+        work: impl AsyncFnOnce(&mut AsyncPgConnection) -> diesel::QueryResult<T>,
+    ) -> diesel::QueryResult<T> {
+        let deadline = self.deadline;
+        let result = match tokio::time::timeout(deadline, work(&mut self.conn)).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.hung = true;
+                Err(timed_out(deadline))
+            }
+        };
+        self.note_hung();
+        result
+    }
+
     /// If the server did not answer a statement in time: marks the
     /// connection for the pool to close, and tells the runner's other
     /// tasks (once).
