@@ -4,6 +4,8 @@
 //! * `connect.rs`: connecting with a multi-host URL moves on to the next
 //!   host when the first one hangs in its start-up exchange (its postmaster
 //!   is stopped with SIGSTOP), within the per-host deadline.
+//! * `hang.rs`: a runner whose only server hangs stops by its shutdown
+//!   deadline (plus `pgfifo::runner::ABORT_PATIENCE`).
 //! * `switch.rs`: a runner with a multi-host URL drains jobs in many
 //!   groups while the primary is killed (`kill -9` of its postmaster) or
 //!   frozen (SIGSTOP of every process) and the standby is promoted; with
@@ -17,4 +19,5 @@
 //! `cargo test -p pgfifo-tests --test failover -- --nocapture --test-threads=1`.
 
 mod connect;
+mod hang;
 mod switch;

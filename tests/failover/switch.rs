@@ -33,10 +33,16 @@ const BEFORE: usize = 300;
     backoff = "20ms",
     timeout = "60s"
 )]
-struct FoJob {
-    group: u32,
-    seq: u32,
+pub(crate) struct FoJob {
+    pub(crate) group: u32,
+    pub(crate) seq: u32,
 }
+
+/// The table [`FoJob`] writes to.
+pub(crate) const FO_LOG: &str =
+    "CREATE TABLE fo_log (job_id bigint NOT NULL, grp int NOT NULL, seq int NOT NULL, \
+     started_ns bigint NOT NULL, ended_ns bigint NOT NULL, \
+     port int NOT NULL DEFAULT inet_server_port())";
 
 fn now_ns() -> i64 {
     std::time::SystemTime::now()
@@ -103,7 +109,7 @@ struct LogRow {
     ended_ns: i64,
 }
 
-async fn connect(url: &str) -> AsyncPgConnection {
+pub(crate) async fn connect(url: &str) -> AsyncPgConnection {
     AsyncPgConnection::establish(url)
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
@@ -171,13 +177,7 @@ async fn failover(fault: Fault, replication: Replication) {
     pgfifo::migrate(&pool).await.expect("migrate");
     {
         let mut conn = pool.get().await.unwrap();
-        conn.batch_execute(
-            "CREATE TABLE fo_log (job_id bigint NOT NULL, grp int NOT NULL, seq int NOT NULL, \
-             started_ns bigint NOT NULL, ended_ns bigint NOT NULL, \
-             port int NOT NULL DEFAULT inet_server_port())",
-        )
-        .await
-        .unwrap();
+        conn.batch_execute(FO_LOG).await.unwrap();
         for seq in 0..PER_GROUP {
             let jobs = (0..GROUPS).map(|group| {
                 NewJob::new(
