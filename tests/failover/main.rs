@@ -5,7 +5,9 @@
 //!   host when the first one hangs in its start-up exchange (its postmaster
 //!   is stopped with SIGSTOP), within the per-host deadline.
 //! * `hang.rs`: a runner whose only server hangs stops by its shutdown
-//!   deadline (plus `pgfifo::runner::ABORT_PATIENCE`).
+//!   deadline (plus `pgfifo::runner::ABORT_PATIENCE`), and its handlers
+//!   waiting in statements on that server are cut off once the listener's
+//!   poll finds the server hung.
 //! * `switch.rs`: a runner with a multi-host URL drains jobs in many
 //!   groups while the primary is killed (`kill -9` of its postmaster) or
 //!   frozen (SIGSTOP of every process) and the standby is promoted; with

@@ -218,6 +218,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             board: board.clone(),
             timer: timer.clone(),
             round_trip: config.round_trip_timeout,
+            hung: board.hung.clone(),
         },
         service.clone(),
     ));
