@@ -233,6 +233,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         queues: queues.clone(),
         interval: config.heartbeat_interval,
         round_trip: config.round_trip_timeout,
+        hung: board.hung.clone(),
         metrics: metrics.clone(),
         schedules: scheduler::declarations(&schedules),
         chart_failing: Default::default(),

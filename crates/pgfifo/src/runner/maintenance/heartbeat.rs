@@ -14,6 +14,7 @@ use crate::db;
 use crate::db::maintenance::RunnerRow;
 use crate::db::Pool;
 use crate::migrate::{latest_version, RELEASE};
+use crate::runner::hung::HungSignal;
 use crate::runner::metrics::Metrics;
 use crate::Result;
 
@@ -31,6 +32,9 @@ pub(crate) struct Heartbeat {
     pub interval: Duration,
     /// How long the server gets to answer a heartbeat's statements.
     pub round_trip: Duration,
+    /// Where a heartbeat that got no answer in time says so (see
+    /// `runner/hung.rs`).
+    pub hung: HungSignal,
     pub metrics: Arc<Metrics>,
     /// The schedules this runner declares, `{"name": definition}`: stored
     /// with the heartbeat so that a schedule no live runner declares shows
@@ -114,6 +118,22 @@ impl Heartbeat {
     /// another live runner has the same name.
     async fn beat(&self, starting: bool) -> Result<Option<i64>> {
         let mut conn = pooled(&self.pool, self.interval).await?;
+        match tokio::time::timeout(self.round_trip, self.beat_on(&mut conn, starting)).await {
+            Ok(beat) => beat,
+            Err(_) => {
+                // The server hung: the lanes hear of it, and the pool
+                // closes the connection.
+                self.hung.note(db::pooler::host_of(&mut conn));
+                db::discard(&mut conn);
+                Err(crate::Error::Database(db::error::timed_out(
+                    self.round_trip,
+                )))
+            }
+        }
+    }
+
+    /// [`beat`](Self::beat)'s statements, on `conn`.
+    async fn beat_on(&self, conn: &mut AsyncPgConnection, starting: bool) -> Result<Option<i64>> {
         let row = RunnerRow {
             name: &self.name,
             release: RELEASE,
@@ -122,13 +142,13 @@ impl Heartbeat {
             starting,
             schedules: &self.schedules,
         };
-        let beat = db::maintenance::beat(&mut conn, row).await?;
-        self.record_finished(&mut conn).await;
+        let beat = db::maintenance::beat(conn, row).await?;
+        self.record_finished(conn).await;
         if starting {
             // Rows of runners that died without shutting down (killed,
             // crashed) stay behind; status ignores them once stale. Clear out
             // old ones.
-            db::maintenance::delete_stale_runners(&mut conn, STALE_RUNNER_ROW).await?;
+            db::maintenance::delete_stale_runners(conn, STALE_RUNNER_ROW).await?;
             if let Some(age) = beat
                 .previous_age_s
                 .filter(|age| *age < RUNNER_ALIVE.as_secs_f64())
