@@ -9,12 +9,14 @@
 //!   waiting in statements on that server are cut off once the listener's
 //!   poll finds the server hung.
 //! * `switch.rs`: a runner with a multi-host URL drains jobs in many
-//!   groups while the primary is killed (`kill -9` of its postmaster) or
-//!   frozen (SIGSTOP of every process) and the standby is promoted; with
-//!   synchronous replication nothing acknowledged is lost, no group runs
-//!   out of order or overlaps, every job completes without restarting the
-//!   runner, and the time from the promotion to the first job committed on
-//!   the new primary is printed.
+//!   groups while the primary is killed (`kill -9` of its postmaster),
+//!   stopped (`pg_ctl stop -m fast`), frozen (SIGSTOP of every process) or
+//!   demoted (`default_transaction_read_only`) and the standby is promoted;
+//!   with synchronous replication nothing acknowledged is lost, no group
+//!   runs out of order or overlaps, every job completes without restarting
+//!   the runner, its schedule fires on the new primary, and the time from
+//!   the promotion to the first job committed there is printed (one run
+//!   with asynchronous replication reports what ran again).
 //!
 //! They run with `cargo test --workspace` (each starts its servers; the
 //! whole binary takes well under two minutes). Run them with the output:

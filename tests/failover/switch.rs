@@ -10,6 +10,7 @@ use diesel::sql_types::{BigInt, Integer};
 use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::runner::JobOutcome;
+use pgfifo::schedule::{Missed, Schedule};
 use pgfifo::{
     async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, JobId, NewJob, RunnerConfig,
 };
@@ -66,6 +67,22 @@ impl Handler for FoJob {
         .bind::<BigInt, _>(now_ns())
         .execute(ctx.conn())
         .await?;
+        Ok(())
+    }
+}
+
+/// A schedule's job, fired every second: writes when and where it ran.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(kind = "fo.tick", queue = "fo_tick")]
+struct FoTick {}
+
+#[async_trait]
+impl Handler for FoTick {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        diesel::sql_query("INSERT INTO fo_ticks (job_id) VALUES ($1)")
+            .bind::<BigInt, _>(ctx.id())
+            .execute(ctx.conn())
+            .await?;
         Ok(())
     }
 }
@@ -178,6 +195,12 @@ async fn failover(fault: Fault, replication: Replication) {
     {
         let mut conn = pool.get().await.unwrap();
         conn.batch_execute(FO_LOG).await.unwrap();
+        conn.batch_execute(
+            "CREATE TABLE fo_ticks (job_id bigint NOT NULL, \
+             port int NOT NULL DEFAULT inet_server_port())",
+        )
+        .await
+        .unwrap();
         for seq in 0..PER_GROUP {
             let jobs = (0..GROUPS).map(|group| {
                 NewJob::new(
@@ -192,10 +215,12 @@ async fn failover(fault: Fault, replication: Replication) {
         }
     }
 
+    let tick = Schedule::new("fo-tick", "* * * * * *", || FoTick {}).on_missed(Missed::Skip);
     let config = RunnerConfig::default()
-        .queues(["fo"])
+        .queues(["fo", "fo_tick"])
         .concurrency(8)
-        .poll_interval(Duration::from_millis(200));
+        .poll_interval(Duration::from_millis(200))
+        .schedule(tick);
     let runner = pgfifo::runner::start(pool.clone(), config)
         .await
         .expect("start the runner");
@@ -206,7 +231,7 @@ async fn failover(fault: Fault, replication: Replication) {
     tokio::spawn(async move {
         loop {
             match events.recv().await {
-                Ok(event) if event.outcome == JobOutcome::Succeeded => {
+                Ok(event) if event.outcome == JobOutcome::Succeeded && event.queue == "fo" => {
                     seen.lock().unwrap().push(event.id);
                 }
                 Ok(_) => {}
@@ -283,7 +308,7 @@ async fn failover(fault: Fault, replication: Replication) {
     loop {
         let done = scalar(
             &mut checker,
-            "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
+            "SELECT count(*) FROM pgfifo.job WHERE queue = 'fo' AND state = 'succeeded'",
         )
         .await;
         if done == total {
@@ -312,6 +337,24 @@ async fn failover(fault: Fault, replication: Replication) {
         ),
     )
     .await;
+    // The schedule fires on the new primary too.
+    let tick_query = format!(
+        "SELECT coalesce((extract(epoch FROM min(pg_xact_commit_timestamp(xmin))) * 1e9)::bigint, 0) \
+         FROM fo_ticks WHERE port = {}",
+        standby.port()
+    );
+    let began = Instant::now();
+    let first_tick_ns = loop {
+        let ns = scalar(&mut checker, &tick_query).await;
+        if ns > 0 {
+            break ns;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the schedule never fired on the new primary"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let ms = |ns: i64| ns as f64 / 1e6;
     let recovery_ms = ms(first_new_ns - asked_ns);
 
@@ -354,10 +397,12 @@ async fn failover(fault: Fault, replication: Replication) {
          before_fault={} acknowledged={} lost={lost} reruns={reruns} duplicates={duplicates} \
          order_violations={order_violations} overlaps={overlaps} promote={promote_took:.2?} \
          first_commit_on_new_primary={recovery_ms:.0}ms_after_promote_asked \
-         ({:.0}ms_after_pg_ctl_returned) shutdown={shutdown_took:.2?}",
+         ({:.0}ms_after_pg_ctl_returned) first_tick_on_new_primary={:.0}ms_after_promote_asked \
+         shutdown={shutdown_took:.2?}",
         before_fault,
         acknowledged.len(),
         ms(first_new_ns - promoted_ns),
+        ms(first_tick_ns - asked_ns),
     );
     assert_eq!(rows.len() as i64, total, "every job committed once");
     assert_eq!(firsts, GROUPS as usize);

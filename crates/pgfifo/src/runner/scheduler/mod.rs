@@ -127,15 +127,10 @@ impl Scheduler {
     pub(crate) async fn run(self, stop: CancellationToken) {
         let mut complaints = Complaints::new("scheduler");
         let mut foreign = HashSet::new();
-        // A round on a hung server fails after a few round-trip deadlines
-        // (a round is a few statements, and one per tick it fires), and
-        // the next one takes another connection.
-        let bound = REFRESH + self.round_trip * 3;
         loop {
-            let round = tokio::time::timeout(bound, self.round(&mut foreign))
-                .await
-                .unwrap_or_else(|_| Err(crate::Error::Database(db::error::timed_out(bound))));
-            let wait = complaints.report(round).unwrap_or(REFRESH);
+            let wait = complaints
+                .report(self.round(&mut foreign).await)
+                .unwrap_or(REFRESH);
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => break,
@@ -149,7 +144,16 @@ impl Scheduler {
         let names: Vec<&str> = self.schedules.iter().map(|s| s.name.as_str()).collect();
         let definitions: Vec<&serde_json::Value> =
             self.schedules.iter().map(|s| &s.definition).collect();
-        let states = db::schedule::states(&mut conn, &names, &definitions).await?;
+        // Each statement within the round-trip deadline: on a hung server
+        // the round fails, the pool closes the connection, and the next
+        // round takes another one.
+        let deadline = self.round_trip;
+        let states = db::schedule::states(&mut conn, &names, &definitions);
+        let Ok(states) = tokio::time::timeout(deadline, states).await else {
+            db::discard(&mut conn);
+            return Err(crate::Error::Database(db::error::timed_out(deadline)));
+        };
+        let states = states?;
         if states.len() < self.schedules.len() {
             // A schedule was deleted (`pgfifo schedule delete`) while this
             // runner's heartbeat lagged: it declares it, so it is back.
@@ -189,7 +193,12 @@ impl Scheduler {
             let until_next = if next <= state.now_us {
                 // One schedule's failure (its closure errs or panics, its
                 // job is refused) must not keep the others from firing.
-                let outcome = match fire::fire(&mut conn, schedule, &self.runner).await {
+                let fired = fire::fire(&mut conn, schedule, &self.runner);
+                let Ok(fired) = tokio::time::timeout(deadline, fired).await else {
+                    db::discard(&mut conn);
+                    return Err(crate::Error::Database(db::error::timed_out(deadline)));
+                };
+                let outcome = match fired {
                     Ok(outcome) => outcome,
                     Err(err) => {
                         tracing::warn!(
