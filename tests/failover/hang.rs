@@ -10,7 +10,7 @@ use pgfifo::runner::{JobOutcome, ABORT_PATIENCE};
 use pgfifo::{EnqueueOptions, NewJob, RunnerConfig};
 use pgfifo_tests::failover::{wait_until, Node};
 
-use crate::switch::{connect, FoJob, FO_LOG};
+use crate::jobs::{connect, FoJob, FO_LOG};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_returns_by_its_deadline_when_the_server_hangs() {

@@ -24,4 +24,5 @@
 
 mod connect;
 mod hang;
+mod jobs;
 mod switch;

@@ -6,86 +6,26 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use diesel::sql_types::{BigInt, Integer};
-use diesel::QueryableByName;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::SimpleAsyncConnection;
 use pgfifo::runner::JobOutcome;
 use pgfifo::schedule::{Missed, Schedule};
-use pgfifo::{
-    async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, JobId, NewJob, RunnerConfig,
-};
+use pgfifo::{EnqueueOptions, GroupLimits, JobId, NewJob, RunnerConfig};
 use pgfifo_tests::failover::{wait_until, Node};
 use pgfifo_tests::query::scalar;
-use serde::{Deserialize, Serialize};
+
+use crate::jobs::{
+    committed_runs, connect, now_ns, peak_overlap, FoJob, FoTick, FoWide, FO_LOG, FO_TICKS,
+    FO_WIDE_LOG,
+};
 
 const GROUPS: u32 = 30;
 const PER_GROUP: u32 = 40;
 const DB: &str = "app";
+/// Groups of concurrency 2 and their jobs.
+const WIDE_GROUPS: u32 = 3;
+const WIDE_PER_GROUP: u32 = 40;
 /// Jobs that succeed before the fault.
 const BEFORE: usize = 300;
-
-/// The test's job: writes its run to `fo_log` through the job's
-/// transaction, so a row exists if and only if the run committed.
-#[derive(Job, Serialize, Deserialize, Debug)]
-#[job(
-    kind = "fo.job",
-    queue = "fo",
-    max_attempts = 25,
-    backoff = "20ms",
-    timeout = "60s"
-)]
-pub(crate) struct FoJob {
-    pub(crate) group: u32,
-    pub(crate) seq: u32,
-}
-
-/// The table [`FoJob`] writes to.
-pub(crate) const FO_LOG: &str =
-    "CREATE TABLE fo_log (job_id bigint NOT NULL, grp int NOT NULL, seq int NOT NULL, \
-     started_ns bigint NOT NULL, ended_ns bigint NOT NULL, \
-     port int NOT NULL DEFAULT inet_server_port())";
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos() as i64
-}
-
-#[async_trait]
-impl Handler for FoJob {
-    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        let started = now_ns();
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        diesel::sql_query(
-            "INSERT INTO fo_log (job_id, grp, seq, started_ns, ended_ns) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind::<BigInt, _>(ctx.id())
-        .bind::<Integer, _>(i32::try_from(self.group)?)
-        .bind::<Integer, _>(i32::try_from(self.seq)?)
-        .bind::<BigInt, _>(started)
-        .bind::<BigInt, _>(now_ns())
-        .execute(ctx.conn())
-        .await?;
-        Ok(())
-    }
-}
-
-/// A schedule's job, fired every second: writes when and where it ran.
-#[derive(Job, Serialize, Deserialize, Debug)]
-#[job(kind = "fo.tick", queue = "fo_tick")]
-struct FoTick {}
-
-#[async_trait]
-impl Handler for FoTick {
-    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        diesel::sql_query("INSERT INTO fo_ticks (job_id) VALUES ($1)")
-            .bind::<BigInt, _>(ctx.id())
-            .execute(ctx.conn())
-            .await?;
-        Ok(())
-    }
-}
 
 /// What happens to the primary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,26 +50,6 @@ enum Replication {
     Synchronous,
     /// The default: a commit returns once it is on the primary's disk.
     Asynchronous,
-}
-
-#[derive(QueryableByName, Debug)]
-struct LogRow {
-    #[diesel(sql_type = BigInt)]
-    job_id: i64,
-    #[diesel(sql_type = Integer)]
-    grp: i32,
-    #[diesel(sql_type = Integer)]
-    seq: i32,
-    #[diesel(sql_type = BigInt)]
-    started_ns: i64,
-    #[diesel(sql_type = BigInt)]
-    ended_ns: i64,
-}
-
-pub(crate) async fn connect(url: &str) -> AsyncPgConnection {
-    AsyncPgConnection::establish(url)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }
 
 /// Makes the primary wait for the standby on every commit, and waits until
@@ -195,12 +115,19 @@ async fn failover(fault: Fault, replication: Replication) {
     {
         let mut conn = pool.get().await.unwrap();
         conn.batch_execute(FO_LOG).await.unwrap();
-        conn.batch_execute(
-            "CREATE TABLE fo_ticks (job_id bigint NOT NULL, \
-             port int NOT NULL DEFAULT inet_server_port())",
-        )
-        .await
-        .unwrap();
+        conn.batch_execute(FO_TICKS).await.unwrap();
+        conn.batch_execute(FO_WIDE_LOG).await.unwrap();
+        let wide = (0..WIDE_GROUPS * WIDE_PER_GROUP).map(|i| {
+            let (group, seq) = (i % WIDE_GROUPS, i / WIDE_GROUPS);
+            NewJob::new(
+                &FoWide { group, seq },
+                EnqueueOptions::group(format!("w{group}")),
+            )
+            .unwrap()
+        });
+        pgfifo::enqueue_batch(&mut conn, wide.collect::<Vec<_>>())
+            .await
+            .expect("enqueue");
         for seq in 0..PER_GROUP {
             let jobs = (0..GROUPS).map(|group| {
                 NewJob::new(
@@ -217,7 +144,8 @@ async fn failover(fault: Fault, replication: Replication) {
 
     let tick = Schedule::new("fo-tick", "* * * * * *", || FoTick {}).on_missed(Missed::Skip);
     let config = RunnerConfig::default()
-        .queues(["fo", "fo_tick"])
+        .queues(["fo", "fo_tick", "fo_wide"])
+        .group_limits("fo_wide", GroupLimits::new().concurrency(2))
         .concurrency(8)
         .poll_interval(Duration::from_millis(200))
         .schedule(tick);
@@ -231,7 +159,7 @@ async fn failover(fault: Fault, replication: Replication) {
     tokio::spawn(async move {
         loop {
             match events.recv().await {
-                Ok(event) if event.outcome == JobOutcome::Succeeded && event.queue == "fo" => {
+                Ok(event) if event.outcome == JobOutcome::Succeeded && event.queue != "fo_tick" => {
                     seen.lock().unwrap().push(event.id);
                 }
                 Ok(_) => {}
@@ -303,20 +231,23 @@ async fn failover(fault: Fault, replication: Replication) {
     }
 
     let total = (GROUPS * (PER_GROUP + 1)) as i64;
+    let wide_total = (WIDE_GROUPS * WIDE_PER_GROUP) as i64;
     let mut checker = connect(&standby.url(DB)).await;
     let began = Instant::now();
     loop {
         let done = scalar(
             &mut checker,
-            "SELECT count(*) FROM pgfifo.job WHERE queue = 'fo' AND state = 'succeeded'",
+            "SELECT count(*) FROM pgfifo.job WHERE queue IN ('fo', 'fo_wide') \
+             AND state = 'succeeded'",
         )
         .await;
-        if done == total {
+        if done == total + wide_total {
             break;
         }
         assert!(
             began.elapsed() < Duration::from_secs(90),
-            "{done} of {total} jobs succeeded 90 s after the promotion"
+            "{done} of {} jobs succeeded 90 s after the promotion",
+            total + wide_total
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -358,14 +289,12 @@ async fn failover(fault: Fault, replication: Replication) {
     let ms = |ns: i64| ns as f64 / 1e6;
     let recovery_ms = ms(first_new_ns - asked_ns);
 
-    let rows: Vec<LogRow> = diesel::sql_query(
-        "SELECT job_id, grp, seq, started_ns, ended_ns FROM fo_log ORDER BY grp, started_ns",
-    )
-    .load(&mut checker)
-    .await
-    .unwrap();
-    let committed: HashSet<i64> = rows.iter().map(|r| r.job_id).collect();
-    let duplicates = rows.len() - committed.len();
+    let rows = committed_runs(&mut checker, "fo_log").await;
+    let wide_rows = committed_runs(&mut checker, "fo_wide_log").await;
+    let mut committed: HashSet<i64> = rows.iter().map(|r| r.job_id).collect();
+    committed.extend(wide_rows.iter().map(|r| r.job_id));
+    let duplicates = rows.len() + wide_rows.len() - committed.len();
+    let wide_peak = peak_overlap(&wide_rows);
     let lost = acknowledged
         .iter()
         .filter(|id| !committed.contains(*id))
@@ -398,13 +327,22 @@ async fn failover(fault: Fault, replication: Replication) {
          order_violations={order_violations} overlaps={overlaps} promote={promote_took:.2?} \
          first_commit_on_new_primary={recovery_ms:.0}ms_after_promote_asked \
          ({:.0}ms_after_pg_ctl_returned) first_tick_on_new_primary={:.0}ms_after_promote_asked \
-         shutdown={shutdown_took:.2?}",
+         wide_jobs={wide_total} wide_peak={wide_peak} shutdown={shutdown_took:.2?}",
         before_fault,
         acknowledged.len(),
         ms(first_new_ns - promoted_ns),
         ms(first_tick_ns - asked_ns),
     );
     assert_eq!(rows.len() as i64, total, "every job committed once");
+    assert_eq!(
+        wide_rows.len() as i64,
+        wide_total,
+        "every wide job committed once"
+    );
+    assert!(
+        wide_peak <= 2,
+        "{wide_peak} runs of a group of concurrency 2 at once"
+    );
     assert_eq!(firsts, GROUPS as usize);
     if replication == Replication::Synchronous {
         assert_eq!(lost, 0, "acknowledged successes lost");

@@ -11,8 +11,9 @@
 //! through a proxy) holds the attempt, and the next host is never tried.
 //! So pgfifo parses the URL with [`tokio_postgres::Config`] and connects to
 //! one host at a time, each within a deadline of its own that covers the
-//! TCP connect, the start-up exchange, the read-write check and pgfifo's
-//! setup of the connection.
+//! TCP connect, the start-up exchange and the read-write check. pgfifo's
+//! setup statements after that have a longer bound of their own
+//! ([`SETUP_PATIENCE`]): a pooler may make them wait for a free server.
 //!
 //! A host that failed (refused, hung, took no writes) is tried after the
 //! others for [`FAILED_HOST_LAST`]: after a failover, the first new
@@ -57,6 +58,13 @@ const CHECK_WRITABLE: &str = "DO $$BEGIN IF current_setting('transaction_read_on
 
 /// The pool's check of a connection that may take any server.
 const CHECK: &str = "SELECT 1";
+
+/// How long pgfifo's setup of a connection (after the start-up exchange)
+/// may take: long, since a pooler may hold it back while it waits for a
+/// free server connection, but bounded, so that a connection the pool
+/// is opening never waits forever on a server that hung a moment after
+/// answering.
+const SETUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// How long a host that failed is tried after the others.
 pub(crate) const FAILED_HOST_LAST: Duration = Duration::from_secs(30);
@@ -207,17 +215,17 @@ pub(crate) async fn open(
     let mut reasons = Vec::new();
     let mut all_timed_out = true;
     for (name, config) in &hosts {
-        match tokio::time::timeout(per_host, open_one(config, pooled)).await {
-            Ok(Ok(mut conn)) => {
+        match open_one(config, per_host, pooled).await {
+            Ok(mut conn) => {
                 note(name, false);
                 pooler::mark_host(&mut conn, name);
                 return Ok(conn);
             }
-            Ok(Err(err)) => {
+            Err(Some(err)) => {
                 all_timed_out = false;
                 reasons.push((name, err.to_string()));
             }
-            Err(_) => reasons.push((
+            Err(None) => reasons.push((
                 name,
                 format!("the server did not answer within {per_host:?}"),
             )),
@@ -251,22 +259,43 @@ pub(crate) async fn open_for_pool(
     open(&target, per_host, pooled).await.map_err(Into::into)
 }
 
-/// Connects to one host and sets the connection up.
-async fn open_one(config: &Config, pooled: bool) -> ConnectionResult<AsyncPgConnection> {
+/// Connects to one host within `per_host` and sets the connection up.
+/// `Err(None)`: the host did not answer in time.
+///
+/// The deadline covers the TCP connect, the start-up exchange and the
+/// read-write check, which a live server answers at once; not pgfifo's
+/// setup statements after them, which a pooler may hold back while it
+/// waits for a free server connection (PgBouncer queues a client for up to
+/// its `query_wait_timeout`).
+async fn open_one(
+    config: &Config,
+    per_host: Duration,
+    pooled: bool,
+) -> Result<AsyncPgConnection, Option<ConnectionError>> {
     // tokio-postgres checks `target_session_attrs` itself (`SHOW
     // transaction_read_only`), for this one host.
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
+    let connect = config.connect(tokio_postgres::NoTls);
+    let (client, connection) = tokio::time::timeout(per_host, connect)
         .await
-        .map_err(|err| ConnectionError::BadConnection(with_causes(&err)))?;
-    if pooled {
-        return pooler::setup(client, connection).await;
+        .map_err(|_| None)?
+        .map_err(|err| Some(ConnectionError::BadConnection(with_causes(&err))))?;
+    let setup = async {
+        if pooled {
+            return pooler::setup(client, connection).await;
+        }
+        let mut conn =
+            AsyncPgConnection::try_from_client_and_connection(client, connection).await?;
+        conn.batch_execute(KEEPALIVES)
+            .await
+            .map_err(ConnectionError::CouldntSetupConfiguration)?;
+        Ok(conn)
+    };
+    match tokio::time::timeout(SETUP_PATIENCE, setup).await {
+        Ok(set_up) => set_up.map_err(Some),
+        Err(_) => Err(Some(ConnectionError::BadConnection(format!(
+            "the connection was not set up within {SETUP_PATIENCE:?} of the server's answer"
+        )))),
     }
-    let mut conn = AsyncPgConnection::try_from_client_and_connection(client, connection).await?;
-    conn.batch_execute(KEEPALIVES)
-        .await
-        .map_err(ConnectionError::CouldntSetupConfiguration)?;
-    Ok(conn)
 }
 
 /// `err` with its causes: tokio-postgres's own message names only the kind

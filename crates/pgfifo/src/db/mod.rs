@@ -42,8 +42,8 @@ pub type PooledConnection =
     bb8::PooledConnection<'static, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
 /// How long pgfifo waits for one server to answer a new connection (TCP
-/// connect, TLS, the start-up exchange, the read-write check and pgfifo's
-/// setup) before it tries the URL's next host: the default of
+/// connect, TLS, the start-up exchange and the read-write check) before it
+/// tries the URL's next host: the default of
 /// [`ConnectOptions::connect_timeout_per_host`], and the deadline of the
 /// runner's [`direct_url`](crate::RunnerConfig::direct_url) connections.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
