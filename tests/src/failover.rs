@@ -71,6 +71,7 @@ impl Node {
     }
 
     fn prepare(role: &str) -> Result<Node, String> {
+        sweep_old_logs();
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let root = std::env::temp_dir().join(format!(
             "pgfifo-failover-{}-{}-{role}",
@@ -272,6 +273,30 @@ impl Drop for Node {
             let _ = std::fs::remove_dir_all(&self.data);
         } else {
             let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// Deletes what failed runs kept (their server logs; the data directories
+/// go with the test) once a day old.
+fn sweep_old_logs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(86_400));
+        if old
+            && entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("pgfifo-failover-")
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
