@@ -3,15 +3,17 @@
 
 use std::time::Duration;
 
-use pgfifo::diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use pgfifo::diesel_async::SimpleAsyncConnection;
 
 pub mod throwaway_pg;
 
 use throwaway_pg::ThrowawayPg;
 
 /// How long the first connection to `DATABASE_URL` may take before the
-/// server counts as unreachable.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// server counts as unreachable: past what pgfifo gives each host of the
+/// URL (5 s), so that the second host of a multi-host URL is tried when
+/// the first hangs.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
 pub fn init_logging() {
@@ -45,17 +47,16 @@ pub struct Server {
 /// works.
 pub async fn demo_server() -> Result<Server, String> {
     let url = server_url();
-    let problem =
-        match tokio::time::timeout(PROBE_TIMEOUT, AsyncPgConnection::establish(&url)).await {
-            Ok(Ok(_)) => {
-                return Ok(Server {
-                    url,
-                    throwaway: None,
-                })
-            }
-            Ok(Err(err)) => one_line(&err.to_string()),
-            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
-        };
+    let problem = match tokio::time::timeout(PROBE_TIMEOUT, pgfifo::db::establish(&url)).await {
+        Ok(Ok(_)) => {
+            return Ok(Server {
+                url,
+                throwaway: None,
+            })
+        }
+        Ok(Err(err)) => one_line(&err.to_string()),
+        Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+    };
     let shown = without_password(&url);
     let allowed = std::env::var("PGFIFO_DEMO_THROWAWAY").map_or(true, |v| v != "off");
     let Some(bin) = allowed.then(throwaway_pg::find_server_binaries).flatten() else {
@@ -138,7 +139,9 @@ pub async fn fresh_database(
     if name.is_empty() || !name.chars().all(plain) {
         return Err(format!("not a plain database name: {name:?}").into());
     }
-    let mut admin = AsyncPgConnection::establish(server).await?;
+    // (pgfifo's opener: a multi-host URL, `target_session_attrs` and the
+    // `pgbouncer` flag work as for the pool.)
+    let mut admin = pgfifo::db::establish(server).await?;
     admin
         .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         .await?;
@@ -189,6 +192,13 @@ mod tests {
         assert_eq!(
             database_url("postgres://h/db?sslmode=disable", "x"),
             "postgres://h/x?sslmode=disable"
+        );
+        assert_eq!(
+            database_url(
+                "postgres://u@a:5432,b:5432/postgres?target_session_attrs=read-write",
+                "x"
+            ),
+            "postgres://u@a:5432,b:5432/x?target_session_attrs=read-write"
         );
     }
 }

@@ -191,9 +191,8 @@ async fn exhausted_pool_makes_jobs_wait_with_a_warning() {
 }
 
 /// Nothing listens on the port: `pgfifo::connect` fails at once, saying it
-/// could not connect. (It cannot say why: diesel-async turns tokio-postgres's
-/// connect error into its bare `Display`, "error connecting to server", and
-/// drops the OS error, such as "connection refused", that was its cause.)
+/// could not connect, and why (the OS error, such as "connection refused",
+/// which pgfifo keeps from tokio-postgres's error chain).
 #[tokio::test]
 async fn unreachable_database_at_start_is_a_clear_error() {
     let port = {
@@ -212,9 +211,11 @@ async fn unreachable_database_at_start_is_a_clear_error() {
         began.elapsed()
     );
     assert!(began.elapsed() < Duration::from_secs(10));
-    // The OS's reason ("connection refused") does not survive diesel-async's
-    // error conversion, so "could not connect" is all there is to check.
     assert!(message.contains("could not connect"), "{message}");
+    assert!(
+        message.contains("error connecting to server: "),
+        "{message}"
+    );
 
     // A reachable server without that database.
     let url = pgfifo_tests::url_for(&pgfifo_tests::server_url(), "pgfifo_faults_no_such_db");

@@ -221,7 +221,14 @@ async fn drain_through(mode: Mode, direct: bool) -> Vec<usize> {
     let Some(bouncer) = PgBouncer::start(&db.name) else {
         return Vec::new();
     };
+    let flagged = format!("{}?pgbouncer=true", bouncer.transaction_url);
     let (url, mut enqueuer, mut env) = match mode {
+        Mode::Flag => {
+            // The URL alone says that it leads to a transaction pooler.
+            warm(&bouncer.transaction_url, 28).await;
+            let conn = pgfifo::db::pooler::establish(&flagged).await.unwrap();
+            (&flagged, conn, Vec::new())
+        }
         Mode::Transaction => {
             // Up to both workers' lanes and bookkeepers at once.
             warm(&bouncer.transaction_url, 28).await;
@@ -256,8 +263,10 @@ async fn drain_through(mode: Mode, direct: bool) -> Vec<usize> {
     notices(&outputs)
 }
 
-/// PgBouncer's two pools.
+/// PgBouncer's two pools (the transaction-mode one also through a URL
+/// that carries `pgbouncer=true`, without the option).
 enum Mode {
+    Flag,
     Transaction,
     Session,
 }
@@ -274,6 +283,50 @@ async fn transaction_mode_runners_with_a_direct_url_drain_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_mode_runners_without_a_direct_url_poll_and_say_so_once() {
     let notices = drain_through(Mode::Transaction, false).await;
+    assert!(
+        notices.iter().all(|&n| n == 1),
+        "each runner says once that it polls: {notices:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pgbouncer_flag_in_the_url_is_enough() {
+    let db = TestDb::new().await;
+    let Some(bouncer) = PgBouncer::start(&db.name) else {
+        return;
+    };
+    warm(&bouncer.transaction_url, 4).await;
+    let url = format!("{}?pgbouncer=true", bouncer.transaction_url);
+    // Plain `connect`, no option: the flag turns transaction-pooler mode on.
+    let pool = pgfifo::connect(&url, 8)
+        .await
+        .expect("connect with the flag");
+    {
+        let mut conn = pool.get().await.unwrap();
+        assert!(pgfifo::db::pooler::is_transaction_pooled(&mut conn));
+    }
+    enqueue_and_admin(&db, &pool).await;
+    assert!(
+        !bouncer.log().contains("does not exist"),
+        "{}",
+        bouncer.log()
+    );
+    // `pgbouncer=false` is the default, and a misspelt value is refused.
+    let off = format!("{}?pgbouncer=false", bouncer.session_url);
+    let pool = pgfifo::connect(&off, 2).await.expect("connect without it");
+    assert!(!pgfifo::db::pooler::is_transaction_pooled(
+        &mut pool.get().await.unwrap()
+    ));
+    let bad = format!("{}?pgbouncer=on", bouncer.session_url);
+    let err = pgfifo::connect(&bad, 2)
+        .await
+        .expect_err("a bad flag value");
+    assert!(err.to_string().contains("pgbouncer"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runners_given_only_a_flagged_url_drain_in_order_and_poll() {
+    let notices = drain_through(Mode::Flag, false).await;
     assert!(
         notices.iter().all(|&n| n == 1),
         "each runner says once that it polls: {notices:?}"

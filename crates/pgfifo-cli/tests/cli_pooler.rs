@@ -1,7 +1,8 @@
 //! The `pgfifo` binary through PgBouncer (a private instance, see
 //! `pgfifo_tests::pgbouncer`): in transaction mode with
-//! `--transaction-pooler` (or `PGFIFO_TRANSACTION_POOLER=1`), and in session
-//! mode as it is.
+//! `--transaction-pooler` (or `PGFIFO_TRANSACTION_POOLER=1`) or a URL that
+//! says `pgbouncer=true`, and in session mode as it is; and with a
+//! multi-host URL whose first host refuses connections.
 
 // Each test binary uses part of the shared support.
 #[allow(dead_code, unused_imports)]
@@ -48,7 +49,12 @@ async fn commands_work_through_pgbouncer_in_both_modes() {
     };
     enqueue(&db, QUEUE, &["a", "a", "b"]).await;
     commands_work(&bouncer.transaction_url, &["--transaction-pooler"]);
+    // The URL alone: `DATABASE_URL` is enough.
+    commands_work(&format!("{}?pgbouncer=true", bouncer.transaction_url), &[]);
     commands_work(&bouncer.session_url, &[]);
+    // Several hosts, the first one refusing: the second one answers.
+    let multi = db.url.replacen('@', "@127.0.0.1:1,", 1);
+    commands_work(&format!("{multi}?target_session_attrs=read-write"), &[]);
     assert!(
         !bouncer.log().contains("does not exist"),
         "{}",

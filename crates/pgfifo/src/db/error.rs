@@ -68,6 +68,38 @@ pub(crate) fn is_connection_error(err: &Error) -> bool {
     }
 }
 
+/// The error of a round trip that got no answer within `deadline`: a
+/// connection error ([`is_connection_error`]), so that whoever gets it
+/// drops the connection.
+pub(crate) fn timed_out(deadline: std::time::Duration) -> Error {
+    Error::DatabaseError(
+        DatabaseErrorKind::UnableToSendCommand,
+        Box::new(format!(
+            "the database server did not answer within {deadline:?}"
+        )),
+    )
+}
+
+/// Whether `err` says that the server takes no writes: SQLSTATE 25006
+/// (read_only_sql_transaction), which diesel keeps as
+/// [`DatabaseErrorKind::ReadOnlyTransaction`]. A server in recovery (a
+/// standby, or a primary demoted after a failover) answers every write so.
+pub(crate) fn is_read_only(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::DatabaseError(DatabaseErrorKind::ReadOnlyTransaction, _)
+    )
+}
+
+/// Whether the connection that gave `err` must be replaced rather than used
+/// again: it is gone or unusable ([`is_connection_error`]; a server that
+/// ends a session with SQLSTATE 57P01..57P03 closes it, which is how those
+/// show), or its server takes no writes ([`is_read_only`]), and a new
+/// connection from a multi-host URL reaches the writable one.
+pub(crate) fn must_replace(err: &Error) -> bool {
+    is_connection_error(err) || is_read_only(err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +161,13 @@ mod tests {
             DatabaseErrorKind::UniqueViolation,
             None
         )));
+        assert!(is_connection_error(&timed_out(
+            std::time::Duration::from_secs(1)
+        )));
+        let read_only = db_error(DatabaseErrorKind::ReadOnlyTransaction, None);
+        assert!(is_read_only(&read_only) && must_replace(&read_only));
+        assert!(!is_connection_error(&read_only));
+        assert!(!must_replace(&db_error(DatabaseErrorKind::Unknown, None)));
         assert!(!is_connection_error(&db_error(
             DatabaseErrorKind::Unknown,
             Some("pgfifo_group_busy")

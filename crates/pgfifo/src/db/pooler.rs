@@ -30,7 +30,10 @@
 //!
 //! The mark is the connection's diesel [`Instrumentation`]: the one piece of
 //! per-connection state diesel lets a library set and read back. It forwards
-//! every event to diesel's default instrumentation, if one is set.
+//! every event to diesel's default instrumentation, if one is set. The same
+//! mark also names the host a connection that pgfifo opened went to (see
+//! [`host_of`]), for the runner to tell which running handlers a hung
+//! server holds.
 
 use diesel::connection::{
     get_default_instrumentation, CacheSize, Instrumentation, InstrumentationEvent,
@@ -42,13 +45,32 @@ use diesel_async::{
     TransactionManager,
 };
 
-/// The mark of a connection that goes through a transaction-mode pooler.
-struct TransactionPooled {
+/// pgfifo's mark on a connection: whether it goes through a
+/// transaction-mode pooler, and the host it went to.
+struct Mark {
+    transaction_pooled: bool,
+    host: Option<std::sync::Arc<str>>,
     /// diesel's default instrumentation, which the mark replaced.
     inner: Option<Box<dyn Instrumentation>>,
 }
 
-impl Instrumentation for TransactionPooled {
+impl Mark {
+    /// The connection's mark, set now if it has none.
+    fn of(conn: &mut AsyncPgConnection) -> &mut Mark {
+        if conn.instrumentation().downcast_ref::<Mark>().is_none() {
+            conn.set_instrumentation(Mark {
+                transaction_pooled: false,
+                host: None,
+                inner: get_default_instrumentation(),
+            });
+        }
+        conn.instrumentation()
+            .downcast_mut::<Mark>()
+            .expect("the mark was just set")
+    }
+}
+
+impl Instrumentation for Mark {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
         if let Some(inner) = self.inner.as_mut() {
             inner.on_connection_event(event);
@@ -69,9 +91,19 @@ impl Instrumentation for TransactionPooled {
 /// instrumentation with one that forwards to diesel's default one.
 pub fn prepare_for_transaction_pooler(conn: &mut AsyncPgConnection) {
     conn.set_prepared_statement_cache_size(CacheSize::Disabled);
-    conn.set_instrumentation(TransactionPooled {
-        inner: get_default_instrumentation(),
-    });
+    Mark::of(conn).transaction_pooled = true;
+}
+
+/// Notes on `conn` the host (`host:port`) it was opened to.
+pub(crate) fn mark_host(conn: &mut AsyncPgConnection, host: &str) {
+    Mark::of(conn).host = Some(host.into());
+}
+
+/// The host `conn` was opened to, if pgfifo opened it.
+pub(crate) fn host_of(conn: &mut AsyncPgConnection) -> Option<std::sync::Arc<str>> {
+    conn.instrumentation()
+        .downcast_ref::<Mark>()
+        .and_then(|mark| mark.host.clone())
 }
 
 /// Opens a connection through a transaction-mode pooler and
@@ -83,11 +115,29 @@ pub fn prepare_for_transaction_pooler(conn: &mut AsyncPgConnection) {
 /// open (`prepared statement "s0" does not exist`) or leaves a statement
 /// behind on a server, where it later collides with another process's
 /// statement of the same name. Here the setup runs inside a transaction.
+///
+/// `url` may name several hosts; each is tried in turn within
+/// [`CONNECT_TIMEOUT`](super::CONNECT_TIMEOUT), as by
+/// [`connect`](super::connect). A `pgbouncer=true` parameter is taken out.
 pub async fn establish(url: &str) -> ConnectionResult<AsyncPgConnection> {
-    let bad = |err: tokio_postgres::Error| ConnectionError::BadConnection(err.to_string());
-    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let target = super::hosts::Target::parse(url)?;
+    super::hosts::open(&target, super::CONNECT_TIMEOUT, true)
         .await
-        .map_err(bad)?;
+        .map_err(Into::into)
+}
+
+/// Sets up a connection that tokio-postgres opened through a
+/// transaction-mode pooler (see [`establish`]).
+pub(crate) async fn setup(
+    client: tokio_postgres::Client,
+    mut connection: tokio_postgres::Connection<
+        tokio_postgres::Socket,
+        tokio_postgres::tls::NoTlsStream,
+    >,
+) -> ConnectionResult<AsyncPgConnection> {
+    let bad = |err: tokio_postgres::Error| {
+        ConnectionError::BadConnection(super::hosts::with_causes(&err))
+    };
     // The connection's I/O is driven by polling `connection`: here, until
     // the BEGIN is through; then by the task diesel-async spawns for it.
     {
@@ -98,7 +148,7 @@ pub async fn establish(url: &str) -> ConnectionResult<AsyncPgConnection> {
             closed = &mut connection => {
                 return Err(ConnectionError::BadConnection(match closed {
                     Ok(()) => "the server closed the connection".to_owned(),
-                    Err(err) => err.to_string(),
+                    Err(err) => super::hosts::with_causes(&err),
                 }));
             }
         }
@@ -114,8 +164,8 @@ pub async fn establish(url: &str) -> ConnectionResult<AsyncPgConnection> {
 /// Whether `conn` was prepared with [`prepare_for_transaction_pooler`].
 pub fn is_transaction_pooled(conn: &mut AsyncPgConnection) -> bool {
     conn.instrumentation()
-        .downcast_ref::<TransactionPooled>()
-        .is_some()
+        .downcast_ref::<Mark>()
+        .is_some_and(|mark| mark.transaction_pooled)
 }
 
 /// Whether `conn` has a transaction open, as diesel sees it. A connection

@@ -9,7 +9,10 @@
 //! since the previous one.
 //!
 //! The connection is taken from the pool once and kept; when it breaks
-//! (database restart, killed backend) the next request takes a new one.
+//! (database restart, killed backend), its server does not answer a batch
+//! within the round-trip deadline, or it takes no writes (a demoted
+//! primary), the pool is told to close it and the next request takes a new
+//! one.
 
 use std::collections::{HashMap, HashSet};
 
@@ -17,7 +20,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::hung::HungSignal;
 use super::jitter::reconnect_backoff;
+use crate::db::error::{must_replace, timed_out};
 use crate::db::runner as sql;
 use crate::db::{Pool, PooledConnection};
 
@@ -65,12 +70,14 @@ pub(crate) struct Bookkeeper {
 impl Bookkeeper {
     /// Spawns the task on `conn`, taken from `pool` before the runner's
     /// workers start (so they cannot starve it of a connection); the pool
-    /// gives a replacement when it breaks. It ends when `service` is
+    /// gives a replacement when it breaks. `runner` is the runner's name,
+    /// its round-trip deadline and where its lanes say that a server hung
+    /// (a connection taken before is replaced). It ends when `service` is
     /// cancelled.
     pub(crate) fn spawn(
         pool: Pool,
         conn: PooledConnection,
-        runner: String,
+        runner: (String, std::time::Duration, HungSignal),
         service: CancellationToken,
         tracker: &TaskTracker,
     ) -> Self {
@@ -143,11 +150,13 @@ impl Bookkeeper {
 async fn run(
     pool: Pool,
     conn: PooledConnection,
-    runner: String,
+    (runner, deadline, hung): (String, std::time::Duration, HungSignal),
     service: CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
     let mut conn: Option<PooledConnection> = Some(conn);
+    // The hung count when `conn` was taken.
+    let mut taken_at = hung.seen();
     let mut failures = 0u32;
     loop {
         let first = tokio::select! {
@@ -164,7 +173,15 @@ async fn run(
                 Err(_) => break,
             }
         }
+        if let Some(c) = conn.as_mut().filter(|_| hung.seen() != taken_at) {
+            // A lane found a server hung since this connection was taken:
+            // it may be on that server too.
+            tracing::debug!("pgfifo: replacing the bookkeeping connection after a hung server");
+            crate::db::discard(c);
+            conn = None;
+        }
         if conn.is_none() {
+            taken_at = hung.seen();
             match pool.get_owned().await {
                 Ok(c) => conn = Some(c),
                 Err(err) => {
@@ -178,11 +195,26 @@ async fn run(
             }
         }
         let c = conn.as_mut().expect("connection taken above");
-        match process(c, &runner, batch).await {
+        // (Requests of a batch cut off by the deadline get no answer: their
+        // senders see the bookkeeper gone and count them as failed.)
+        let processed = match tokio::time::timeout(deadline, process(c, &runner, batch)).await {
+            Ok(processed) => processed,
+            Err(_) => {
+                // Only a round trip that got no answer says the server hung
+                // (a closed connection may be one backend terminated).
+                hung.note(crate::db::pooler::host_of(c));
+                Err(timed_out(deadline))
+            }
+        };
+        match processed {
             Ok(()) => failures = 0,
             Err(err) => {
                 tracing::warn!(error = %err, "pgfifo: attempt bookkeeping failed; reconnecting");
-                // A broken connection is discarded by the pool when dropped.
+                // A broken connection is discarded by the pool when dropped;
+                // one to a hung or read-only server must be told so.
+                if must_replace(&err) {
+                    crate::db::discard(c);
+                }
                 conn = None;
                 failures += 1;
             }

@@ -142,6 +142,15 @@ pub struct RunnerConfig {
     /// [`poll_interval`](Self::poll_interval) instead of being notified, and
     /// says so once at start. See `docs/deploying.md`.
     pub direct_url: Option<DirectUrl>,
+    /// How long the runner waits for the server to answer one of its own
+    /// round trips (a pick, a completion, a commit, attempt bookkeeping,
+    /// the heartbeat, a promote, LISTEN) before it drops the connection and
+    /// takes a new one (default 10 s): a hung server, or one that vanished
+    /// without closing the connection, holds a runner no longer than this,
+    /// and a multi-host URL then leads the new connection to the writable
+    /// server (`docs/failover.md`). A handler's own statements have no such
+    /// bound (its job's timeout cancels them).
+    pub round_trip_timeout: Duration,
 }
 
 /// A connection URL that is never printed whole: its `Debug` hides the
@@ -201,6 +210,7 @@ impl Default for RunnerConfig {
             schedules: Vec::new(),
             group_limits: Vec::new(),
             direct_url: None,
+            round_trip_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -344,6 +354,12 @@ impl RunnerConfig {
         self
     }
 
+    /// Sets [`round_trip_timeout`](Self::round_trip_timeout).
+    pub fn round_trip_timeout(mut self, deadline: Duration) -> Self {
+        self.round_trip_timeout = deadline;
+        self
+    }
+
     /// Rejects settings that cannot work.
     pub(super) fn validate(&self) -> Result<()> {
         let invalid = |reason: &str| Err(Error::InvalidConfig(reason.into()));
@@ -358,6 +374,9 @@ impl RunnerConfig {
         // handler's run: the idle bound (timeout + grace) must cover it.
         if self.batch_window >= self.idle_grace {
             return invalid("batch_window must be shorter than idle_grace");
+        }
+        if self.round_trip_timeout < Duration::from_millis(100) {
+            return invalid("round_trip_timeout must be at least 100 ms");
         }
         if self.poll_interval.is_zero() {
             return invalid("poll_interval must be longer than zero");

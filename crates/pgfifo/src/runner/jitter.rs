@@ -18,10 +18,13 @@ pub(crate) fn jittered(interval: Duration) -> Duration {
 }
 
 /// Reconnect delay after `failures` consecutive failures: 100 ms doubling to
-/// 5 s.
+/// 1 s. The cap is low so that a runner is back within a second of its
+/// server (or, after a failover, the new primary) answering again; each
+/// attempt that fails costs a connection attempt (bounded per host), not a
+/// busy loop.
 pub(crate) fn reconnect_backoff(failures: u32) -> Duration {
-    let ms = 100u64.saturating_mul(1 << failures.min(6));
-    Duration::from_millis(ms.min(5_000))
+    let ms = 100u64.saturating_mul(1 << failures.min(4));
+    Duration::from_millis(ms.min(1_000))
 }
 
 #[cfg(test)]
@@ -43,6 +46,8 @@ mod tests {
     fn reconnect_backoff_doubles_to_a_cap() {
         assert_eq!(reconnect_backoff(0), Duration::from_millis(100));
         assert_eq!(reconnect_backoff(1), Duration::from_millis(200));
-        assert_eq!(reconnect_backoff(20), Duration::from_secs(5));
+        assert_eq!(reconnect_backoff(3), Duration::from_millis(800));
+        assert_eq!(reconnect_backoff(4), Duration::from_secs(1));
+        assert_eq!(reconnect_backoff(20), Duration::from_secs(1));
     }
 }

@@ -21,6 +21,7 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+use super::hung::{Host, HungSignal};
 use super::jitter::reconnect_backoff;
 use super::lanes::{promote_all, Board};
 use super::maintenance::pooled;
@@ -38,6 +39,39 @@ pub(crate) struct Listener {
     pub poll_interval: Duration,
     pub board: Arc<Board>,
     pub timer: Timer,
+    /// How long the server gets to answer each round trip.
+    pub round_trip: Duration,
+    /// Where the listener says that its server did not answer in time: its
+    /// poll every `poll_interval` is the runner's steady probe of the
+    /// server, which tells the lanes to cut off handlers waiting on a hung
+    /// one (see `hung.rs`).
+    pub hung: HungSignal,
+}
+
+/// `work` within `deadline`, its error as text.
+async fn bounded<T, E: std::fmt::Display>(
+    deadline: Duration,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    bounded_noting(deadline, work, |_| {}).await
+}
+
+/// [`bounded`], telling `note` whether the deadline passed.
+async fn bounded_noting<T, E: std::fmt::Display>(
+    deadline: Duration,
+    work: impl std::future::Future<Output = Result<T, E>>,
+    note: impl FnOnce(bool),
+) -> Result<T, String> {
+    match tokio::time::timeout(deadline, work).await {
+        Ok(result) => {
+            note(false);
+            result.map_err(|e| e.to_string())
+        }
+        Err(_) => {
+            note(true);
+            Err(crate::db::error::timed_out(deadline).to_string())
+        }
+    }
 }
 
 /// Listens, promotes and wakes lanes until `service` is cancelled.
@@ -115,7 +149,10 @@ async fn poll(listener: &Listener, service: &CancellationToken) {
                 continue;
             }
         };
-        let round = promote_and_wake(listener, &mut conn, false);
+        let round = bounded(
+            listener.round_trip,
+            promote_and_wake(listener, &mut conn, false),
+        );
         match round.await {
             Ok(()) if std::mem::take(&mut failing) => {
                 tracing::info!("pgfifo: polling for new work works again");
@@ -145,10 +182,22 @@ async fn listen_on(
     service: &CancellationToken,
     conn: &mut AsyncPgConnection,
 ) -> Result<(), String> {
-    conn.batch_execute(sql::LISTEN)
-        .await
-        .map_err(|e| e.to_string())?;
-    let own_pid = sql::backend_pid(conn).await.map_err(|e| e.to_string())?;
+    // Each round trip has the deadline: on a hung server the listener says
+    // so, gives the connection up (it is its own, and closes when dropped)
+    // and opens another, which a multi-host URL sends to the writable
+    // server.
+    let host = crate::db::pooler::host_of(conn);
+    let deadline = listener.round_trip;
+    let noting = |host: &Host| {
+        let host = host.clone();
+        move |timed_out: bool| {
+            if timed_out {
+                listener.hung.note(host);
+            }
+        }
+    };
+    bounded_noting(deadline, conn.batch_execute(sql::LISTEN), noting(&host)).await?;
+    let own_pid = bounded_noting(deadline, sql::backend_pid(conn), noting(&host)).await?;
     tracing::debug!("pgfifo: listening for new jobs");
     // Work enqueued while no runner listened. Lanes that looked for work
     // meanwhile may have found the wake rows taken by this promote (they are
@@ -194,13 +243,17 @@ async fn listen_on(
             // The connection closes when it is dropped.
             Interrupt::Stop => return Ok(()),
             Interrupt::Notified { work, groups: true } => {
-                promote_and_wake(listener, conn, work).await?
+                let round = promote_and_wake(listener, conn, work);
+                bounded_noting(deadline, round, noting(&host)).await?
             }
             // Work without a group to promote (an enqueuer made its group
             // active, an ungrouped job, an operator's release): a lane.
             Interrupt::Notified { groups: false, .. } => listener.board.wake(1),
             // The poll: also proves the connection is alive.
-            Interrupt::Tick => promote_and_wake(listener, conn, false).await?,
+            Interrupt::Tick => {
+                let round = promote_and_wake(listener, conn, false);
+                bounded_noting(deadline, round, noting(&host)).await?
+            }
         }
     }
 }

@@ -30,6 +30,7 @@
 mod bookkeeper;
 mod config;
 mod events;
+mod hung;
 mod jitter;
 mod lanes;
 mod listener;
@@ -108,6 +109,14 @@ fn served_queues(registry: &Registry, config: &RunnerConfig) -> Result<Vec<Strin
     Ok(queues)
 }
 
+/// How long [`RunnerHandle::shutdown_within`] and [`RunnerHandle::abort`]
+/// wait at most for the runner's tasks once running jobs are aborted (or
+/// [`RunnerConfig::round_trip_timeout`], if shorter). An aborted job rolls
+/// back at once, or its statement still running on the server is
+/// cancelled (up to 5 s), so this passes only when the server does not
+/// answer.
+pub const ABORT_PATIENCE: Duration = Duration::from_secs(6);
+
 /// A running runner. Stop it with [`shutdown`](Self::shutdown) (or
 /// [`shutdown_on_signal`](Self::shutdown_on_signal)); dropping the handle
 /// leaves it running until the Tokio runtime ends.
@@ -115,6 +124,8 @@ pub struct RunnerHandle {
     queues: Vec<String>,
     concurrency: usize,
     shutdown_timeout: Duration,
+    /// How long a round trip may take: how long aborted jobs get to end.
+    round_trip: Duration,
     board: Arc<Board>,
     events: Events,
     /// Cancelled to stop picking new jobs.
@@ -182,10 +193,11 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     // The bookkeeper's connection is taken before any lane starts: lanes wait
     // for it, so they must never hold every connection of the pool.
     let bookkeeping = pool.get_owned().await?;
+    let hung = hung::HungSignal::default();
     let bookkeeper = Bookkeeper::spawn(
         pool.clone(),
         bookkeeping,
-        config.name.clone(),
+        (config.name.clone(), config.round_trip_timeout, hung.clone()),
         service.clone(),
         &tracker,
     );
@@ -194,6 +206,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         config.concurrency,
         prefetch,
         config.poll_interval,
+        (config.round_trip_timeout, hung),
     ));
 
     tracker.spawn(listener::run(
@@ -204,6 +217,8 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             poll_interval: config.poll_interval,
             board: board.clone(),
             timer: timer.clone(),
+            round_trip: config.round_trip_timeout,
+            hung: board.hung.clone(),
         },
         service.clone(),
     ));
@@ -217,13 +232,19 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         name: config.name.clone(),
         queues: queues.clone(),
         interval: config.heartbeat_interval,
+        round_trip: config.round_trip_timeout,
+        hung: board.hung.clone(),
         metrics: metrics.clone(),
         schedules: scheduler::declarations(&schedules),
         chart_failing: Default::default(),
     };
     tracker.spawn(heartbeat.run(service.clone()));
     if !schedules.is_empty() {
-        let scheduler = scheduler::Scheduler::new(pool.clone(), config.name.clone(), schedules);
+        let scheduler = scheduler::Scheduler::new(
+            pool.clone(),
+            (config.name.clone(), config.round_trip_timeout),
+            schedules,
+        );
         tracker.spawn(scheduler.run(stop.clone()));
     }
     if let Some(interval) = config.metrics_interval {
@@ -231,6 +252,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             pool: pool.clone(),
             queues: queues.clone(),
             interval,
+            round_trip: config.round_trip_timeout,
             metrics: metrics.clone(),
         };
         tracker.spawn(gauges.run(service.clone()));
@@ -242,6 +264,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             retention,
             metrics: metrics.clone(),
             stop: stop.clone(),
+            round_trip: config.round_trip_timeout,
         }));
     }
 
@@ -288,6 +311,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         queues,
         concurrency: config.concurrency,
         shutdown_timeout: config.shutdown_timeout,
+        round_trip: config.round_trip_timeout,
         board,
         events,
         stop,
@@ -318,6 +342,11 @@ impl RunnerHandle {
     }
 
     /// [`shutdown`](Self::shutdown) with an explicit deadline for running jobs.
+    ///
+    /// Returns within the deadline plus [`ABORT_PATIENCE`] even when the
+    /// server hangs: tasks still waiting on it then are left to end at their
+    /// round-trip deadline (their transactions roll back; nothing they did
+    /// counts), and the runner says so.
     pub async fn shutdown_within(self, deadline: Duration) -> Result<()> {
         tracing::info!(?deadline, "pgfifo runner stopping: no new jobs will start");
         self.stop.cancel();
@@ -328,7 +357,7 @@ impl RunnerHandle {
         {
             tracing::warn!("pgfifo runner: shutdown deadline passed, aborting running jobs");
             self.abort.cancel();
-            self.tracker.wait().await;
+            self.wait_for_aborted().await;
         }
         self.service.cancel();
         tracing::info!("pgfifo runner stopped");
@@ -340,9 +369,26 @@ impl RunnerHandle {
         self.stop.cancel();
         self.abort.cancel();
         self.board.wake_all();
-        self.tracker.wait().await;
+        self.wait_for_aborted().await;
         self.service.cancel();
         Ok(())
+    }
+
+    /// Waits for the tasks once their jobs are aborted, at most
+    /// [`ABORT_PATIENCE`] (or the round-trip deadline, if shorter).
+    async fn wait_for_aborted(&self) {
+        let patience = ABORT_PATIENCE.min(self.round_trip);
+        if tokio::time::timeout(patience, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            self.service.cancel();
+            tracing::warn!(
+                ?patience,
+                "pgfifo runner: tasks still wait on the database after their jobs were aborted \
+                 (a hung server?); returning without them, they end at their round-trip deadline"
+            );
+        }
     }
 
     /// Waits for SIGINT (Ctrl-C) or SIGTERM, then [`shutdown`](Self::shutdown).

@@ -38,6 +38,9 @@ pub(super) enum Ended {
     TimedOut(Duration),
     /// Shutdown's deadline passed.
     Aborted,
+    /// Another round trip to the server of the job's connection got no
+    /// answer in time (see `runner/hung.rs`).
+    ServerHung,
 }
 
 /// Runs one job of a batch to its outcome: `None` when shutdown aborted it
@@ -123,6 +126,14 @@ pub(super) async fn run_attempt(
             JobError::retry(format!("the handler timed out after {limit:?}")),
             true,
         ),
+        Ended::ServerHung => {
+            drop(run);
+            conn.mark_hung();
+            return Err(ConnectionLost(format!(
+                "the database server of job {}'s connection stopped answering; the job runs again",
+                job.id
+            )));
+        }
         Ended::Aborted => {
             // Counted as aborted before the event is broadcast.
             drop(run);
@@ -192,6 +203,8 @@ pub(super) async fn run_handler(
     timeout: Duration,
     guard: Guard<'_>,
 ) -> (Ended, bool) {
+    let host = conn.host();
+    let started = Instant::now();
     let mut ctx = JobContext {
         id: job.id,
         queue: &job.queue,
@@ -222,6 +235,7 @@ pub(super) async fn run_handler(
                     Err(_) => Some(Ended::TimedOut(timeout)),
                 },
                 () = lanes.abort.cancelled() => Some(Ended::Aborted),
+                () = lanes.board.hung.wait_for(&host, started) => Some(Ended::ServerHung),
                 () = warn => {
                     warn_long_transaction(job, warn_at.take().unwrap_or_default(), guard.run);
                     continue;

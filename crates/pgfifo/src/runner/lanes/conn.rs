@@ -26,7 +26,17 @@
 //!
 //! A connection the lane gives up on is [`abandon`](JobConn::abandon)ed:
 //! rolled back, and left so that the pool closes it.
+//!
+//! Every statement the lane sends itself (the pick with its opener, the
+//! savepoints, the completions, the commit or rollback, a ping) has a
+//! deadline, [`RunnerConfig::round_trip_timeout`](crate::RunnerConfig::round_trip_timeout):
+//! a server that does not answer in time is taken for hung (or gone
+//! without a word, or frozen mid-failover), and the connection is
+//! abandoned without another round trip; the lane's next connection, from
+//! a multi-host URL, reaches the writable server. A handler's own
+//! statements have no such deadline: its job's timeout bounds them.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::time::Duration;
@@ -36,13 +46,15 @@ use diesel_async::{
 };
 use futures_util::FutureExt;
 
-use super::Lanes;
+use super::{Board, Lanes};
+use crate::db::error::timed_out;
 use crate::db::runner::{
     self as sql, Completion, LeftWork, PickRequest, Picked, BEGIN_JOB, BEGIN_JOB_NO_SLOTS,
     CHECK_CONSTRAINTS, COMMIT, COMMIT_AND_BEGIN, COMMIT_AND_BEGIN_NO_SLOTS, HANDLER_SAVEPOINT,
     PING, RELEASE_HANDLER_SAVEPOINT, ROLLBACK, ROLLBACK_TO_HANDLER_SAVEPOINT,
 };
 use crate::db::PooledConnection;
+use crate::runner::hung::HungSignal;
 
 type Tm = AnsiTransactionManager;
 
@@ -103,15 +115,91 @@ pub(crate) struct JobConn {
     /// A job transaction is open on the server.
     in_transaction: bool,
     diesel: DieselView,
+    /// How long the server gets to answer one of the lane's statements.
+    deadline: Duration,
+    /// The server did not answer in time: the connection is given up
+    /// without another round trip.
+    hung: bool,
+    /// Where the lane says so, for the runner's other tasks.
+    signal: HungSignal,
 }
 
 impl JobConn {
-    pub(crate) fn new(conn: PooledConnection) -> Self {
+    pub(crate) fn new(conn: PooledConnection, board: &Board) -> Self {
         JobConn {
             conn,
             in_transaction: false,
             diesel: DieselView::NoTransaction,
+            deadline: board.round_trip,
+            hung: false,
+            signal: board.hung.clone(),
         }
+    }
+
+    /// Runs `work` within the deadline; past it the connection is marked
+    /// hung (and for the pool to close) and `work`'s error says so.
+    async fn bounded<T>(
+        deadline: Duration,
+        hung: &mut bool,
+        work: impl Future<Output = diesel::QueryResult<T>>,
+    ) -> diesel::QueryResult<T> {
+        match tokio::time::timeout(deadline, work).await {
+            Ok(result) => result,
+            Err(_) => {
+                *hung = true;
+                Err(timed_out(deadline))
+            }
+        }
+    }
+
+    /// Runs `work` (statements of the runner's own, not a handler's) on the
+    /// connection within the deadline, as the lane's other statements.
+    pub(crate) async fn bounded_on<T>(
+        &mut self,
+        work: impl AsyncFnOnce(&mut AsyncPgConnection) -> diesel::QueryResult<T>,
+    ) -> diesel::QueryResult<T> {
+        let deadline = self.deadline;
+        let result = match tokio::time::timeout(deadline, work(&mut self.conn)).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.hung = true;
+                Err(timed_out(deadline))
+            }
+        };
+        self.note_hung();
+        result
+    }
+
+    /// If the server did not answer a statement in time: marks the
+    /// connection for the pool to close, and tells the runner's other
+    /// tasks (once).
+    fn note_hung(&mut self) {
+        if self.hung && !self.must_discard() {
+            crate::db::discard(&mut self.conn);
+            let host = self.host();
+            self.signal.note(host);
+        }
+    }
+
+    /// The host the connection went to (`None`: pgfifo did not open it).
+    pub(crate) fn host(&mut self) -> crate::runner::hung::Host {
+        crate::db::pooler::host_of(&mut self.conn)
+    }
+
+    /// Marks the connection as on a hung server (another connection found
+    /// it so): it is given up without a round trip.
+    pub(crate) fn mark_hung(&mut self) {
+        self.hung = true;
+        crate::db::discard(&mut self.conn);
+    }
+
+    /// Whether the pool would close the connection already.
+    fn must_discard(&mut self) -> bool {
+        use diesel::connection::TransactionManagerStatus;
+        matches!(
+            Tm::transaction_manager_status_mut(&mut *self.conn),
+            TransactionManagerStatus::InError
+        )
     }
 
     /// The connection, for a handler or a statement in the job transaction.
@@ -155,17 +243,28 @@ impl JobConn {
         };
         let mut shared: &AsyncPgConnection = &self.conn;
         let pick = sql::pick(shared, request);
-        let opened = match opener {
-            Some(opener) => {
-                let (opened, picked) = tokio::join!(shared.batch_execute(opener), pick);
-                if opened.is_ok() {
-                    self.in_transaction = true;
+        let both = async {
+            match opener {
+                Some(opener) => {
+                    let (opened, picked) = tokio::join!(shared.batch_execute(opener), pick);
+                    (opened, picked)
                 }
-                return (opened, picked);
+                None => (Ok(()), pick.await),
             }
-            None => Ok(()),
         };
-        (opened, pick.await)
+        let (opened, picked) = match tokio::time::timeout(self.deadline, both).await {
+            Ok(both) => both,
+            Err(_) => {
+                self.hung = true;
+                self.note_hung();
+                let deadline = self.deadline;
+                return (Err(timed_out(deadline)), Err(timed_out(deadline)));
+            }
+        };
+        if opener.is_some() && opened.is_ok() {
+            self.in_transaction = true;
+        }
+        (opened, picked)
     }
 
     /// Opens the handlers' savepoint: through diesel the first time (see the
@@ -173,12 +272,16 @@ impl JobConn {
     pub(crate) async fn open_handler_savepoint(&mut self) -> Result<(), diesel::result::Error> {
         match self.diesel {
             DieselView::NoTransaction => {
-                Tm::begin_transaction_sql(&mut *self.conn, HANDLER_SAVEPOINT).await?;
+                let open = Tm::begin_transaction_sql(&mut *self.conn, HANDLER_SAVEPOINT);
+                Self::bounded(self.deadline, &mut self.hung, open).await?;
                 self.diesel = DieselView::InTransaction;
                 Ok(())
             }
             DieselView::InTransaction | DieselView::Unknown => {
-                self.conn.batch_execute(HANDLER_SAVEPOINT).await
+                let open = self.conn.batch_execute(HANDLER_SAVEPOINT);
+                let opened = Self::bounded(self.deadline, &mut self.hung, open).await;
+                self.note_hung();
+                opened
             }
         }
     }
@@ -193,11 +296,16 @@ impl JobConn {
         done: &[Completion<'_>],
     ) -> diesel::QueryResult<LeftWork> {
         let mut shared: &AsyncPgConnection = &self.conn;
-        let (released, completed) = tokio::join!(
-            shared.batch_execute(RELEASE_HANDLER_SAVEPOINT),
-            sql::complete(&self.conn, done)
-        );
-        released.and(completed)
+        let both = async {
+            let (released, completed) = tokio::join!(
+                shared.batch_execute(RELEASE_HANDLER_SAVEPOINT),
+                sql::complete(&self.conn, done)
+            );
+            released.and(completed)
+        };
+        let result = Self::bounded(self.deadline, &mut self.hung, both).await;
+        self.note_hung();
+        result
     }
 
     /// Writes outcomes after the last handler's deferred constraints are
@@ -208,11 +316,16 @@ impl JobConn {
         done: &[Completion<'_>],
     ) -> diesel::QueryResult<LeftWork> {
         let mut shared: &AsyncPgConnection = &self.conn;
-        let (checked, completed) = tokio::join!(
-            shared.batch_execute(CHECK_CONSTRAINTS),
-            sql::complete(&self.conn, done)
-        );
-        checked.and(completed)
+        let both = async {
+            let (checked, completed) = tokio::join!(
+                shared.batch_execute(CHECK_CONSTRAINTS),
+                sql::complete(&self.conn, done)
+            );
+            checked.and(completed)
+        };
+        let result = Self::bounded(self.deadline, &mut self.hung, both).await;
+        self.note_hung();
+        result
     }
 
     /// Discards what a failed handler wrote, keeping the jobs' locks (the
@@ -269,18 +382,29 @@ impl JobConn {
         if !self.in_transaction {
             return Ok(());
         }
+        if self.hung {
+            return Err(timed_out(self.deadline));
+        }
         self.in_transaction = false;
-        match (self.diesel, statement) {
+        let deadline = self.deadline;
+        let result = match (self.diesel, statement) {
             (DieselView::InTransaction, COMMIT) => {
                 self.diesel = DieselView::NoTransaction;
-                Tm::commit_transaction(&mut *self.conn).await
+                let commit = Tm::commit_transaction(&mut *self.conn);
+                Self::bounded(deadline, &mut self.hung, commit).await
             }
             (DieselView::InTransaction, _) => {
                 self.diesel = DieselView::NoTransaction;
-                Tm::rollback_transaction(&mut *self.conn).await
+                let rollback = Tm::rollback_transaction(&mut *self.conn);
+                Self::bounded(deadline, &mut self.hung, rollback).await
             }
-            _ => self.conn.batch_execute(statement).await,
-        }
+            _ => {
+                let end = self.conn.batch_execute(statement);
+                Self::bounded(deadline, &mut self.hung, end).await
+            }
+        };
+        self.note_hung();
+        result
     }
 
     /// Reads, without waiting, what the server sent unasked on the
@@ -323,20 +447,23 @@ impl JobConn {
 
     /// A round trip that proves the connection alive.
     pub(crate) async fn ping(&mut self) -> Result<(), diesel::result::Error> {
-        self.conn.batch_execute(PING).await
+        let ping = self.conn.batch_execute(PING);
+        let result = Self::bounded(self.deadline, &mut self.hung, ping).await;
+        self.note_hung();
+        result
     }
 
     /// Whether the connection can serve the lane's next pick as it is: no
     /// transaction is open and nothing says it must be retired.
     pub(crate) fn reusable(&self) -> bool {
-        !self.in_transaction && !self.must_retire()
+        !self.in_transaction && !self.must_retire() && !self.hung
     }
 
     /// Gives the connection back to the pool once its transaction has
     /// ended; a connection to retire (or one whose transaction is still
     /// open) is abandoned instead.
     pub(crate) async fn release(self) {
-        if self.in_transaction || self.must_retire() {
+        if self.in_transaction || self.must_retire() || self.hung {
             self.abandon().await;
         }
     }
@@ -347,6 +474,11 @@ impl JobConn {
     /// start, or, if it saw one already, stays so; a rollback that does not
     /// answer in time is cut off, which diesel also marks as broken.
     pub(crate) async fn abandon(mut self) {
+        if self.hung {
+            // The server did not answer: no rollback to wait for either.
+            crate::db::discard(&mut self.conn);
+            return;
+        }
         let rollback = Tm::begin_transaction_sql(&mut *self.conn, ROLLBACK);
         let _ = tokio::time::timeout(ABANDON_PATIENCE, rollback).await;
     }

@@ -155,7 +155,7 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
                     seeking.set(false);
                     continue;
                 };
-                JobConn::new(pooled)
+                JobConn::new(pooled, board)
             }
         };
         // Registered for wake-ups before each look, so that a notification

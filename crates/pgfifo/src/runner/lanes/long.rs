@@ -80,16 +80,20 @@ pub(super) async fn run_long(
 ) -> Result<Finished, ConnectionLost> {
     let registration = lanes.registry.get(&job.kind).expect("checked by is_long");
     let lease_ms = millis(lanes.settings.long_lease);
-    let claimed = long_run::claim(
-        conn.get(),
-        job.id,
-        &job.queue,
-        job.group_id.as_deref(),
-        attempt,
-        &lanes.settings.runner,
-        lease_ms,
-    )
-    .await;
+    let claimed = conn
+        .bounded_on(async |c| {
+            long_run::claim(
+                c,
+                job.id,
+                &job.queue,
+                job.group_id.as_deref(),
+                attempt,
+                &lanes.settings.runner,
+                lease_ms,
+            )
+            .await
+        })
+        .await;
     let claim = match claimed {
         Ok(Some(claim)) => claim,
         Ok(None) => {
@@ -164,6 +168,14 @@ pub(super) async fn run_long(
             JobError::retry(format!("the handler timed out after {limit:?}")),
             true,
         ),
+        Ended::ServerHung => {
+            drop(run);
+            conn.mark_hung();
+            return Err(ConnectionLost(format!(
+                "the database server of long job {}'s connection stopped answering; the job runs again",
+                job.id
+            )));
+        }
         Ended::Aborted => {
             drop(run);
             lanes
@@ -209,7 +221,8 @@ async fn finish(
             )),
         }
     } else {
-        write_fenced(conn.get(), &done, claim).await
+        conn.bounded_on(async |c| write_fenced(c, &done, claim).await)
+            .await
     };
     let left = match written {
         Ok(Some(left)) => left,
@@ -290,7 +303,8 @@ async fn give_up(
             Err(_) => Ok(false),
         }
     } else {
-        long_run::release(conn.get(), job_id, claim.token).await
+        conn.bounded_on(async |c| long_run::release(c, job_id, claim.token).await)
+            .await
     };
     if let Err(err) = released {
         tracing::warn!(error = %err, "could not give the long run up; its lock goes with the connection");
@@ -308,7 +322,8 @@ async fn release_lock(
     tainted: bool,
 ) -> Result<Finished, ConnectionLost> {
     if !tainted && !conn.must_retire() {
-        long_run::unlock(conn.get(), claim.lock_key).await?;
+        conn.bounded_on(async |c| long_run::unlock(c, claim.lock_key).await)
+            .await?;
     }
     Ok(Finished::rolled_back())
 }
@@ -322,12 +337,19 @@ async fn renew(pool: Pool, token: i64, lease: Duration, stop: CancellationToken)
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
         }
-        let renewed = match pool.get().await {
-            Ok(mut conn) => long_run::renew(&mut conn, &[token], lease_ms)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(err) => Err(err.to_string()),
+        // Within the renewal period: a renewal stuck on a hung server is
+        // given up (the next one takes another connection).
+        let renewal = async {
+            match pool.get().await {
+                Ok(mut conn) => long_run::renew(&mut conn, &[token], lease_ms)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(err) => Err(err.to_string()),
+            }
         };
+        let renewed = tokio::time::timeout(every, renewal)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {every:?}")));
         if let Err(err) = renewed {
             tracing::warn!(error = %err, token, "could not renew a long job's lease");
         }

@@ -81,6 +81,7 @@ use tokio_util::task::TaskTracker;
 
 use super::bookkeeper::Bookkeeper;
 use super::events::Events;
+use super::hung::HungSignal;
 use super::metrics::Metrics;
 use super::timer::Timer;
 use diesel_async::AsyncPgConnection;
@@ -106,6 +107,11 @@ pub(crate) struct Board {
     concurrency: usize,
     prefetch: usize,
     poll_interval: Duration,
+    /// How long the server gets to answer one of the runner's round trips
+    /// ([`RunnerConfig::round_trip_timeout`](crate::RunnerConfig::round_trip_timeout)).
+    pub(crate) round_trip: Duration,
+    /// Where lanes say that a server did not answer in time.
+    pub(crate) hung: HungSignal,
     /// One permit per handler allowed to run at once.
     permits: Semaphore,
     /// Wakes waiting lanes.
@@ -128,11 +134,18 @@ pub(crate) struct Board {
 }
 
 impl Board {
-    pub(crate) fn new(concurrency: usize, prefetch: usize, poll_interval: Duration) -> Self {
+    pub(crate) fn new(
+        concurrency: usize,
+        prefetch: usize,
+        poll_interval: Duration,
+        (round_trip, hung): (Duration, HungSignal),
+    ) -> Self {
         Board {
             concurrency,
             prefetch,
             poll_interval,
+            round_trip,
+            hung,
             permits: Semaphore::new(concurrency),
             wake: Notify::new(),
             idle: AtomicUsize::new(0),
@@ -352,7 +365,9 @@ impl Lanes {
 /// Promotes woken groups of `queues` until no wake rows are left; returns
 /// how many wake rows it consumed. The delayed heads it set are noted on the
 /// timer. `conn` has no transaction open on the server; through a
-/// transaction-mode pooler each promote gets one of its own.
+/// transaction-mode pooler each promote gets one of its own. Each promote
+/// has the board's round-trip deadline; past it the error says the server
+/// did not answer, and the caller drops the connection.
 pub(crate) async fn promote_all(
     queues: &[String],
     timer: &Timer,
@@ -361,11 +376,17 @@ pub(crate) async fn promote_all(
 ) -> Result<i32, String> {
     let mut total = 0;
     loop {
-        let promoted = pinned_idle(conn, async |conn| {
+        let promote = pinned_idle(conn, async |conn| {
             sql::promote(conn, queues, PROMOTE_BATCH).await
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+        });
+        let promoted = match tokio::time::timeout(board.round_trip, promote).await {
+            Ok(promoted) => promoted.map_err(|e| e.to_string())?,
+            Err(_) => {
+                board.hung.note(crate::db::pooler::host_of(conn));
+                crate::db::discard(conn);
+                return Err(crate::db::error::timed_out(board.round_trip).to_string());
+            }
+        };
         for &later in &promoted.later {
             timer.add(later);
         }

@@ -15,6 +15,8 @@ pub(crate) struct Gauges {
     pub pool: Pool,
     pub queues: Vec<String>,
     pub interval: Duration,
+    /// How long the server gets to answer the sampling query.
+    pub round_trip: Duration,
     pub metrics: Arc<Metrics>,
 }
 
@@ -27,7 +29,15 @@ impl Gauges {
                 let mut conn = pooled(&self.pool, self.interval).await?;
                 admin::gauges(&mut conn, &self.queues).await
             };
-            if let Some(gauges) = complaints.report(sampled.await) {
+            let deadline = self.interval + self.round_trip;
+            let sampled = tokio::time::timeout(deadline, sampled)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(crate::Error::Database(crate::db::error::timed_out(
+                        deadline,
+                    )))
+                });
+            if let Some(gauges) = complaints.report(sampled) {
                 self.metrics.set_gauges(&gauges);
             }
             tokio::select! {

@@ -14,6 +14,7 @@ use crate::db;
 use crate::db::maintenance::RunnerRow;
 use crate::db::Pool;
 use crate::migrate::{latest_version, RELEASE};
+use crate::runner::hung::HungSignal;
 use crate::runner::metrics::Metrics;
 use crate::Result;
 
@@ -29,6 +30,11 @@ pub(crate) struct Heartbeat {
     pub name: String,
     pub queues: Vec<String>,
     pub interval: Duration,
+    /// How long the server gets to answer a heartbeat's statements.
+    pub round_trip: Duration,
+    /// Where a heartbeat that got no answer in time says so (see
+    /// `runner/hung.rs`).
+    pub hung: HungSignal,
     pub metrics: Arc<Metrics>,
     /// The schedules this runner declares, `{"name": definition}`: stored
     /// with the heartbeat so that a schedule no live runner declares shows
@@ -45,7 +51,13 @@ impl Heartbeat {
         let mut starting = true;
         let mut upgrade_noted = false;
         loop {
-            if let Some(schema) = complaints.report(self.beat(starting).await) {
+            // The checkout waits up to the interval, the statements up to
+            // the round-trip deadline.
+            let deadline = self.interval + self.round_trip;
+            let beat = tokio::time::timeout(deadline, self.beat(starting))
+                .await
+                .unwrap_or_else(|_| Err(crate::Error::Database(db::error::timed_out(deadline))));
+            if let Some(schema) = complaints.report(beat) {
                 starting = false;
                 if !upgrade_noted && schema.is_some_and(|v| v > latest_version()) {
                     upgrade_noted = true;
@@ -106,6 +118,22 @@ impl Heartbeat {
     /// another live runner has the same name.
     async fn beat(&self, starting: bool) -> Result<Option<i64>> {
         let mut conn = pooled(&self.pool, self.interval).await?;
+        match tokio::time::timeout(self.round_trip, self.beat_on(&mut conn, starting)).await {
+            Ok(beat) => beat,
+            Err(_) => {
+                // The server hung: the lanes hear of it, and the pool
+                // closes the connection.
+                self.hung.note(db::pooler::host_of(&mut conn));
+                db::discard(&mut conn);
+                Err(crate::Error::Database(db::error::timed_out(
+                    self.round_trip,
+                )))
+            }
+        }
+    }
+
+    /// [`beat`](Self::beat)'s statements, on `conn`.
+    async fn beat_on(&self, conn: &mut AsyncPgConnection, starting: bool) -> Result<Option<i64>> {
         let row = RunnerRow {
             name: &self.name,
             release: RELEASE,
@@ -114,13 +142,13 @@ impl Heartbeat {
             starting,
             schedules: &self.schedules,
         };
-        let beat = db::maintenance::beat(&mut conn, row).await?;
-        self.record_finished(&mut conn).await;
+        let beat = db::maintenance::beat(conn, row).await?;
+        self.record_finished(conn).await;
         if starting {
             // Rows of runners that died without shutting down (killed,
             // crashed) stay behind; status ignores them once stale. Clear out
             // old ones.
-            db::maintenance::delete_stale_runners(&mut conn, STALE_RUNNER_ROW).await?;
+            db::maintenance::delete_stale_runners(conn, STALE_RUNNER_ROW).await?;
             if let Some(age) = beat
                 .previous_age_s
                 .filter(|age| *age < RUNNER_ALIVE.as_secs_f64())

@@ -161,6 +161,10 @@ pub(crate) struct RetentionTask {
     pub metrics: Arc<Metrics>,
     /// Cancelled when the runner stops picking: a pass stops early.
     pub stop: CancellationToken,
+    /// How long the server gets to answer each batch (the runner's
+    /// round-trip deadline): a pass on a hung server fails, and the next
+    /// one takes a new connection.
+    pub round_trip: Duration,
 }
 
 /// Runs retention passes until the runner starts shutting down.
@@ -171,6 +175,7 @@ pub(crate) async fn run(task: RetentionTask) {
         retention,
         metrics,
         stop,
+        round_trip,
     } = task;
     let task = Pass {
         pool: &pool,
@@ -178,6 +183,7 @@ pub(crate) async fn run(task: RetentionTask) {
         retention: &retention,
         metrics: &metrics,
         stop: &stop,
+        round_trip,
     };
     let mut complaints = Complaints::new("retention");
     let mut resume = Resume::default();
@@ -246,9 +252,23 @@ struct Pass<'a> {
     retention: &'a Retention,
     metrics: &'a Metrics,
     stop: &'a CancellationToken,
+    round_trip: Duration,
 }
 
 impl Pass<'_> {
+    /// `work` within the round-trip deadline.
+    async fn bounded<T, E: Into<crate::Error>>(
+        &self,
+        work: impl std::future::Future<Output = std::result::Result<T, E>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.round_trip, work).await {
+            Ok(result) => result.map_err(Into::into),
+            Err(_) => Err(crate::Error::Database(db::error::timed_out(
+                self.round_trip,
+            ))),
+        }
+    }
+
     /// One pass, unless another runner is making one. `Ok(true)`: it ran to
     /// the end; `Ok(false)`: skipped or cut short by shutdown. `deleted`
     /// counts as it goes, so a failing pass still reports what it did.
@@ -264,7 +284,8 @@ impl Pass<'_> {
     async fn run(&self, resume: &mut Resume, deleted: &mut Deleted) -> Result<bool> {
         match self.sessions.open().await? {
             Some(mut conn) => {
-                if !db::maintenance::try_session_lock(&mut conn, RETENTION_LOCK).await? {
+                let locked = db::maintenance::try_session_lock(&mut conn, RETENTION_LOCK);
+                if !self.bounded(locked).await? {
                     tracing::debug!("pgfifo retention: another runner is making a pass");
                     return Ok(false);
                 }
@@ -315,14 +336,15 @@ impl Pass<'_> {
         let mut after = walk.after;
         let mut first_pending: Option<i64> = None;
         loop {
-            let batch = admin::purge_batch(
-                conn,
-                walk.age,
-                walk.states,
-                after,
-                self.retention.batch_size,
-            )
-            .await?;
+            let batch = self
+                .bounded(admin::purge_batch(
+                    conn,
+                    walk.age,
+                    walk.states,
+                    after,
+                    self.retention.batch_size,
+                ))
+                .await?;
             deleted.jobs += batch.deleted;
             self.metrics.retained(batch.deleted, 0);
             after = batch.last_id;
@@ -348,7 +370,9 @@ impl Pass<'_> {
         deleted: &mut Deleted,
     ) -> Result<bool> {
         loop {
-            let n = admin::clean_groups(conn, idle, self.retention.batch_size).await?;
+            let n = self
+                .bounded(admin::clean_groups(conn, idle, self.retention.batch_size))
+                .await?;
             deleted.groups += n;
             self.metrics.retained(0, n);
             if n < self.retention.batch_size as u64 {

@@ -90,6 +90,8 @@ pub(crate) fn declarations(schedules: &[Arc<Compiled>]) -> serde_json::Value {
 pub(crate) struct Scheduler {
     pool: Pool,
     runner: String,
+    /// How long the server gets to answer a round trip.
+    round_trip: Duration,
     schedules: Vec<Arc<Compiled>>,
     /// Per schedule (in the order of `schedules`): ticks fired and missed.
     counters: Vec<(Counter, Counter)>,
@@ -97,8 +99,12 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     /// The scheduler of runner `runner`'s schedules (registering their
-    /// metrics).
-    pub(crate) fn new(pool: Pool, runner: String, schedules: Vec<Arc<Compiled>>) -> Self {
+    /// metrics), with the runner's round-trip deadline.
+    pub(crate) fn new(
+        pool: Pool,
+        (runner, round_trip): (String, Duration),
+        schedules: Vec<Arc<Compiled>>,
+    ) -> Self {
         let counters = schedules
             .iter()
             .map(|s| {
@@ -111,6 +117,7 @@ impl Scheduler {
         Self {
             pool,
             runner,
+            round_trip,
             schedules,
             counters,
         }
@@ -137,7 +144,16 @@ impl Scheduler {
         let names: Vec<&str> = self.schedules.iter().map(|s| s.name.as_str()).collect();
         let definitions: Vec<&serde_json::Value> =
             self.schedules.iter().map(|s| &s.definition).collect();
-        let states = db::schedule::states(&mut conn, &names, &definitions).await?;
+        // Each statement within the round-trip deadline: on a hung server
+        // the round fails, the pool closes the connection, and the next
+        // round takes another one.
+        let deadline = self.round_trip;
+        let states = db::schedule::states(&mut conn, &names, &definitions);
+        let Ok(states) = tokio::time::timeout(deadline, states).await else {
+            db::discard(&mut conn);
+            return Err(crate::Error::Database(db::error::timed_out(deadline)));
+        };
+        let states = states?;
         if states.len() < self.schedules.len() {
             // A schedule was deleted (`pgfifo schedule delete`) while this
             // runner's heartbeat lagged: it declares it, so it is back.
@@ -177,7 +193,12 @@ impl Scheduler {
             let until_next = if next <= state.now_us {
                 // One schedule's failure (its closure errs or panics, its
                 // job is refused) must not keep the others from firing.
-                let outcome = match fire::fire(&mut conn, schedule, &self.runner).await {
+                let fired = fire::fire(&mut conn, schedule, &self.runner);
+                let Ok(fired) = tokio::time::timeout(deadline, fired).await else {
+                    db::discard(&mut conn);
+                    return Err(crate::Error::Database(db::error::timed_out(deadline)));
+                };
+                let outcome = match fired {
                     Ok(outcome) => outcome,
                     Err(err) => {
                         tracing::warn!(
