@@ -2,7 +2,8 @@
 //! `tests/` and docs/testing.md). Onboarding a tenant: `CreateAccount`
 //! writes the account and enqueues `SendWelcome` for the same tenant;
 //! `SyncCrm` fails on its first attempt; `Reminder` snoozes its group once,
-//! and cancels itself when there is nobody to remind.
+//! and cancels itself when there is nobody to remind; `Export` runs in
+//! long mode.
 //!
 //! Run its tests with `cargo test -p pgfifo-testing-demo`.
 
@@ -16,7 +17,9 @@ use serde::{Deserialize, Serialize};
 
 /// The table the handlers write to (the application's own schema).
 pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS account (tenant text PRIMARY KEY, \
-                          name text NOT NULL, welcomed boolean NOT NULL DEFAULT false)";
+                          name text NOT NULL, welcomed boolean NOT NULL DEFAULT false); \
+                          CREATE TABLE IF NOT EXISTS export_step (name text NOT NULL, \
+                          attempt integer NOT NULL)";
 
 /// Creates a tenant's account, then enqueues its welcome mail in the same
 /// transaction (the mail goes out only if the account commits).
@@ -115,6 +118,32 @@ impl Handler for Reminder {
         // handler cannot note it in the database).
         if self.snooze_first && !SNOOZED.swap(true, Ordering::SeqCst) {
             return Err(JobError::snooze(Duration::from_secs(3600), "quiet hours"));
+        }
+        Ok(())
+    }
+}
+
+/// Exports a tenant's data, in long mode: it holds its group without an
+/// open transaction, and what it writes commits as it goes. Its first
+/// attempt fails after writing a row.
+#[derive(Job, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[job(queue = "exports", long, max_attempts = 2)]
+pub struct Export {
+    /// Which export.
+    pub name: String,
+}
+
+#[async_trait]
+impl Handler for Export {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let attempt = ctx.attempt();
+        pgfifo::diesel::sql_query("INSERT INTO export_step (name, attempt) VALUES ($1, $2)")
+            .bind::<Text, _>(&self.name)
+            .bind::<pgfifo::diesel::sql_types::Integer, _>(attempt as i32)
+            .execute(ctx.conn())
+            .await?;
+        if attempt == 1 {
+            return Err(JobError::retry("the export target is down"));
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use pgfifo::testing::{
     TestDatabase,
 };
 use pgfifo::{Job, JobId};
-use pgfifo_testing_demo::{CreateAccount, Reminder, SendWelcome, SyncCrm, SCHEMA};
+use pgfifo_testing_demo::{CreateAccount, Export, Reminder, SendWelcome, SyncCrm, SCHEMA};
 
 async fn db() -> TestDatabase {
     let db = TestDatabase::new().await.expect("a test database");
@@ -275,4 +275,41 @@ async fn the_cap_stops_a_drain_that_would_not_end() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("cap of 2"), "{err}");
+}
+
+#[tokio::test]
+async fn a_long_job_runs_claimed_and_its_writes_commit_as_they_go() {
+    let db = db().await;
+    let id = enqueue(
+        &db,
+        Export {
+            name: "march".into(),
+        },
+        "t1",
+    )
+    .await;
+    let summary = Drain::queue("exports")
+        .with_scheduled(true)
+        .run(db.pool())
+        .await
+        .unwrap();
+    assert_eq!((summary.retried, summary.succeeded), (1, 1));
+    assert_eq!(summary.order("t1"), vec![id, id]);
+    // Long mode: the failed first attempt's write was not rolled back.
+    let mut conn = db.connect().await.unwrap();
+    let steps = count(
+        &mut conn,
+        "SELECT count(*) AS n FROM export_step WHERE name = $1",
+        "march",
+    )
+    .await;
+    assert_eq!(steps, 2);
+    // And its claim is gone: no run row is left behind.
+    let runs = count(
+        &mut conn,
+        "SELECT count(*) AS n FROM pgfifo.job_run WHERE queue = $1",
+        "exports",
+    )
+    .await;
+    assert_eq!(runs, 0);
 }

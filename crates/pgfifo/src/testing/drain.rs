@@ -3,20 +3,18 @@
 //! handler in the handlers' savepoint, `pgfifo.complete`, commit. One job
 //! at a time, so the order it runs them in is pgfifo's order.
 
-use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
-use futures_util::FutureExt;
 
+use super::attempt::{self, Limits};
 use super::summary::DrainSummary;
-use crate::context::JobContext;
 use crate::db::runner::{self as sql, IdleBounds, PickRequest, Picked, PickedJob};
 use crate::db::testing as tsql;
 use crate::names::{validate_group, validate_queue};
 use crate::registry::Registry;
-use crate::runner::outcome::{Backoff, Done};
-use crate::{Error, JobError, Pool, Result, RunnerConfig};
+use crate::runner::outcome::Done;
+use crate::{Error, Pool, Result, RunnerConfig};
 
 /// The runner name a drain records its attempts under
 /// (`pgfifo.job_attempt.runner`).
@@ -72,8 +70,7 @@ pub struct Drain {
     with_scheduled: bool,
     with_recursion: bool,
     max_attempts: usize,
-    default_timeout: Duration,
-    max_backoff: Duration,
+    limits: Limits,
 }
 
 impl Drain {
@@ -86,8 +83,11 @@ impl Drain {
             with_scheduled: false,
             with_recursion: false,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
-            default_timeout: defaults.default_timeout,
-            max_backoff: defaults.max_backoff,
+            limits: Limits {
+                default_timeout: defaults.default_timeout,
+                max_backoff: defaults.max_backoff,
+                long_lease: defaults.long_lease,
+            },
         }
     }
 
@@ -127,7 +127,7 @@ impl Drain {
 
     /// The timeout of job types that set none (default: the runner's, 300 s).
     pub fn default_timeout(mut self, timeout: Duration) -> Drain {
-        self.default_timeout = timeout;
+        self.limits.default_timeout = timeout;
         self
     }
 
@@ -148,7 +148,7 @@ impl Drain {
                 "a drain's max_attempts must be at least 1".into(),
             ));
         }
-        if self.default_timeout.is_zero() {
+        if self.limits.default_timeout.is_zero() {
             return Err(Error::InvalidArgument(
                 "a drain's default_timeout must be longer than zero".into(),
             ));
@@ -173,6 +173,7 @@ impl Drain {
             queues: vec![self.queue.clone()],
             newer_than,
             summary: DrainSummary::default(),
+            limits: self.limits,
         };
         let ran = state
             .run(&mut job_conn, &mut book, hold.as_deref_mut())
@@ -202,14 +203,14 @@ impl Drain {
             .map(|r| {
                 (
                     r.kind.to_owned(),
-                    ms(r.timeout.unwrap_or(self.default_timeout)),
+                    ms(r.timeout.unwrap_or(self.limits.default_timeout)),
                 )
             })
             .unzip();
         IdleBounds {
             kinds,
             idle_ms,
-            default_idle_ms: ms(self.default_timeout),
+            default_idle_ms: ms(self.limits.default_timeout),
         }
     }
 }
@@ -222,6 +223,7 @@ struct Draining<'d> {
     queues: Vec<String>,
     newer_than: i64,
     summary: DrainSummary,
+    limits: Limits,
 }
 
 /// What one pick came to.
@@ -340,8 +342,9 @@ impl Draining<'_> {
             self.summary.throttled = true;
             return Ok(Step::Done);
         }
-        let done = match attempt {
-            None => {
+        let registration = self.registry.get(&job.kind);
+        let done = match (attempt, registration) {
+            (None, _) => {
                 let error = format!(
                     "attempt {0} of {0} never finished (its runner crashed, was killed or \
                      lost its connection); no attempts left",
@@ -350,7 +353,27 @@ impl Draining<'_> {
                 let attempt = job.max_attempts;
                 Done::failed(job, attempt, error)
             }
-            Some(attempt) => self.run_handler(conn, job, attempt).await?,
+            (Some(attempt), None) => {
+                let error = format!(
+                    "unknown job type {:?}: no handler is registered for it in this runner",
+                    job.kind
+                );
+                Done::failed(job, attempt, error)
+            }
+            (Some(attempt), Some(registration)) if registration.long => {
+                let ran =
+                    attempt::run_long(conn, book, job, attempt, registration, &self.limits).await?;
+                return Ok(match ran {
+                    Some(done) => {
+                        self.summary.record(done.event());
+                        Step::Ran
+                    }
+                    None => Step::Again,
+                });
+            }
+            (Some(attempt), Some(registration)) => {
+                attempt::run_in_transaction(conn, job, attempt, registration, &self.limits).await?
+            }
         };
         let outcome = sql::complete(conn, &[done.completion()]).await;
         if let Err(err) = outcome {
@@ -361,75 +384,6 @@ impl Draining<'_> {
         self.summary.record(done.event());
         Ok(Step::Ran)
     }
-
-    /// Runs the registered handler of `job` in the handlers' savepoint, as
-    /// a lane does, to its decided outcome.
-    async fn run_handler(
-        &self,
-        conn: &mut AsyncPgConnection,
-        job: PickedJob,
-        attempt: i32,
-    ) -> Result<Done> {
-        let Some(registration) = self.registry.get(&job.kind) else {
-            let error = format!(
-                "unknown job type {:?}: no handler is registered for it in this runner",
-                job.kind
-            );
-            return Ok(Done::failed(job, attempt, error));
-        };
-        conn.batch_execute(sql::HANDLER_SAVEPOINT).await?;
-        let timeout = registration.timeout.unwrap_or(self.drain.default_timeout);
-        let (ended, result, used_conn) = {
-            let mut ctx = JobContext {
-                id: job.id,
-                queue: &job.queue,
-                group: job.group_id.as_deref(),
-                attempt: attempt as u32,
-                max_attempts: job.max_attempts as u32,
-                conn: &mut *conn,
-                used_conn: false,
-                result: None,
-            };
-            let run = AssertUnwindSafe((registration.run)(&job.payload, &mut ctx)).catch_unwind();
-            let ended = match tokio::time::timeout(timeout, run).await {
-                Ok(Ok(Ok(()))) => Ok(()),
-                Ok(Ok(Err(err))) => Err(err),
-                Ok(Err(panic)) => Err(JobError::retry(format!(
-                    "the handler panicked: {}",
-                    panic_message(&*panic)
-                ))),
-                Err(_) => Err(JobError::retry(format!(
-                    "the handler timed out after {timeout:?}"
-                ))),
-            };
-            (ended, ctx.result.take(), ctx.used_conn)
-        };
-        // A successful handler's deferred constraints are checked before its
-        // success is written, as the runner does.
-        let ended = match ended {
-            Ok(()) if used_conn => match conn.batch_execute(sql::CHECK_CONSTRAINTS).await {
-                Ok(()) => Ok(()),
-                Err(err) => Err(JobError::retry(err)),
-            },
-            other => other,
-        };
-        match ended {
-            Ok(()) => {
-                conn.batch_execute(sql::RELEASE_HANDLER_SAVEPOINT).await?;
-                Ok(Done::succeeded(job, attempt, result))
-            }
-            Err(failure) => {
-                conn.batch_execute(sql::ROLLBACK_TO_HANDLER_SAVEPOINT)
-                    .await?;
-                conn.batch_execute(sql::RELEASE_HANDLER_SAVEPOINT).await?;
-                let backoff = Backoff {
-                    base: registration.backoff,
-                    max: self.drain.max_backoff,
-                };
-                Ok(Done::failure(job, attempt, failure, backoff))
-            }
-        }
-    }
 }
 
 /// Makes every woken group of `queues` active, as a runner's listener does.
@@ -437,14 +391,4 @@ async fn promote(conn: &mut AsyncPgConnection, queues: &[String]) -> Result<()> 
     const BATCH: i32 = 1000;
     while sql::promote(conn, queues, BATCH).await?.groups >= BATCH {}
     Ok(())
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-string panic payload".to_owned()
-    }
 }

@@ -22,6 +22,7 @@
 //! These helpers are part of pgfifo's public interface and follow its
 //! compatibility rules (`docs/upgrading.md`).
 
+mod attempt;
 mod call;
 mod database;
 mod drain;
