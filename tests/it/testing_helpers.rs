@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use diesel::sql_types::BigInt;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use pgfifo::admin::{pause_group, set_failure_policy, FailurePolicy};
+use pgfifo::admin::{pause_group, set_failure_policy, set_group_limits, FailurePolicy};
 use pgfifo::testing::{
     assert_group_ran_in_order, check_group_ran_in_order, enqueued_jobs, Drain, Jobs, TestDatabase,
 };
-use pgfifo::{async_trait, Handler, Job, JobContext, JobError, JobId};
+use pgfifo::{async_trait, GroupLimits, Handler, Job, JobContext, JobError, JobId, Rate};
 use pgfifo_tests::{eventually, test_config};
 use serde::{Deserialize, Serialize};
 
@@ -176,4 +176,40 @@ async fn the_order_check_catches_a_job_that_overtook_its_group() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("group"), "{err}");
+}
+
+#[tokio::test]
+async fn a_drain_honours_a_groups_rate_limit() {
+    let db = TestDatabase::new().await.unwrap();
+    let mut conn = db.connect().await.unwrap();
+    let hourly = Rate::new(1, Duration::from_secs(3600)).unwrap();
+    set_group_limits(
+        &mut conn,
+        QUEUE,
+        "limited",
+        GroupLimits::new().rate(hourly).burst(1),
+    )
+    .await
+    .unwrap();
+    let first = enqueue(&db, false, "limited").await;
+    enqueue(&db, false, "limited").await;
+
+    // The second job waits for the group's next token, in an hour.
+    let summary = Drain::queue(QUEUE).run(db.pool()).await.unwrap();
+    assert_eq!(summary.order("limited"), vec![first]);
+    assert_eq!((summary.left_queued, summary.throttled), (1, false));
+
+    // with_scheduled does not mint tokens: the group still waits for its
+    // next one, and nothing is recorded.
+    let summary = Drain::queue(QUEUE)
+        .with_scheduled(true)
+        .run(db.pool())
+        .await
+        .unwrap();
+    assert!(summary.runs.is_empty(), "{}", summary.describe());
+    assert_eq!(summary.left_queued, 1);
+    let attempts = enqueued_jobs(&mut conn, &Jobs::in_queue(QUEUE).state("queued"))
+        .await
+        .unwrap();
+    assert_eq!(attempts[0].attempts, 0);
 }

@@ -90,9 +90,12 @@ pub(crate) async fn newest_job(conn: &mut AsyncPgConnection) -> diesel::QueryRes
 }
 
 /// Makes the queued work of a queue (or of one group of it, `$2`) due now:
-/// delayed jobs and retries (`run_after`), groups waiting for them
-/// (`ready_at`), and snoozes (`group_snooze.until`, which the group's
-/// `ready_at` carries). Autocommit. Returns how many rows it moved.
+/// delayed jobs and retries (`run_after`), groups waiting for their head's
+/// time or a snooze (`ready_at`), and snoozes (`group_snooze.until`, which
+/// the group's `ready_at` carries). A group that waits only for its rate
+/// limit's next token is left alone: the pick would push it back again.
+/// Autocommit (each part sees the rows as they were before the statement).
+/// Returns how many rows it moved.
 const MAKE_DUE: &str = "WITH jobs AS ( \
                             UPDATE pgfifo.job SET run_after = now() \
                             WHERE queue = $1 AND ($2::text IS NULL OR group_id = $2) \
@@ -102,9 +105,16 @@ const MAKE_DUE: &str = "WITH jobs AS ( \
                             WHERE queue = $1 AND ($2::text IS NULL OR group_id = $2) \
                               AND until > now() RETURNING 1), \
                         groups AS ( \
-                            UPDATE pgfifo.queue_group SET ready_at = now() \
-                            WHERE queue = $1 AND ($2::text IS NULL OR group_id = $2) \
-                              AND ready_at > now() RETURNING 1) \
+                            UPDATE pgfifo.queue_group AS g SET ready_at = now() \
+                            WHERE g.queue = $1 AND ($2::text IS NULL OR g.group_id = $2) \
+                              AND g.ready_at > now() \
+                              AND (EXISTS (SELECT 1 FROM pgfifo.job AS h \
+                                           WHERE h.id = g.head_id AND h.run_after > now()) \
+                                   OR EXISTS (SELECT 1 FROM pgfifo.group_snooze AS z \
+                                              WHERE z.queue = g.queue \
+                                                AND z.group_id = g.group_id \
+                                                AND z.until > now())) \
+                            RETURNING 1) \
                         SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM groups) AS n";
 
 /// See [`MAKE_DUE`].

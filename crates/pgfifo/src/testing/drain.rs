@@ -103,7 +103,9 @@ impl Drain {
     /// `delay`, retrying after a backoff, snoozed groups) run at once
     /// instead of being left waiting (default: `false`). Their wait is cut
     /// short in the database (`run_after`, the group's `ready_at`, the
-    /// snooze's end set to now), and their attempts count as usual.
+    /// snooze's end set to now), and their attempts count as usual. Rate
+    /// limits still hold: no token is minted, so a group waiting for its
+    /// next token is left waiting.
     pub fn with_scheduled(mut self, yes: bool) -> Drain {
         self.with_scheduled = yes;
         self
