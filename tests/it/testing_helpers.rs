@@ -12,24 +12,35 @@ use pgfifo::admin::{pause_group, set_failure_policy, set_group_limits, FailurePo
 use pgfifo::testing::{
     assert_group_ran_in_order, check_group_ran_in_order, enqueued_jobs, Drain, Jobs, TestDatabase,
 };
-use pgfifo::{async_trait, GroupLimits, Handler, Job, JobContext, JobError, JobId, Rate};
+use pgfifo::{
+    async_trait, EnqueueOptions, GroupLimits, Handler, Job, JobContext, JobError, JobId, Rate,
+};
 use pgfifo_tests::{eventually, test_config};
 use serde::{Deserialize, Serialize};
 
 const QUEUE: &str = "testing_helpers";
 
-/// Succeeds, or fails for good when `fail` is set.
-#[derive(Job, Serialize, Deserialize, Debug, Clone, PartialEq)]
+/// Succeeds, or fails for good when `fail` is set; when `spawn` is set,
+/// first enqueues a plain job into group `b` and an ungrouped one.
+#[derive(Job, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 #[job(queue = "testing_helpers", max_attempts = 2)]
 struct TestingHelpersJob {
     fail: bool,
+    spawn: bool,
 }
 
 #[async_trait]
 impl Handler for TestingHelpersJob {
-    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
         if self.fail {
             return Err(JobError::permanent("asked to fail"));
+        }
+        if self.spawn {
+            let plain = TestingHelpersJob::default();
+            plain.enqueue(ctx.conn(), "b").await?;
+            plain
+                .enqueue_with(ctx.conn(), EnqueueOptions::ungrouped())
+                .await?;
         }
         Ok(())
     }
@@ -37,7 +48,7 @@ impl Handler for TestingHelpersJob {
 
 async fn enqueue(db: &TestDatabase, fail: bool, group: &str) -> JobId {
     let mut conn = db.pool().get().await.unwrap();
-    TestingHelpersJob { fail }
+    TestingHelpersJob { fail, spawn: false }
         .enqueue(&mut conn, group)
         .await
         .unwrap()
@@ -212,4 +223,45 @@ async fn a_drain_honours_a_groups_rate_limit() {
         .await
         .unwrap();
     assert_eq!(attempts[0].attempts, 0);
+}
+
+#[tokio::test]
+async fn without_recursion_jobs_enqueued_by_handlers_wait_in_any_group() {
+    let db = TestDatabase::new().await.unwrap();
+    let parent = {
+        let mut conn = db.pool().get().await.unwrap();
+        TestingHelpersJob {
+            fail: false,
+            spawn: true,
+        }
+        .enqueue(&mut conn, "a")
+        .await
+        .unwrap()
+    };
+    let summary = Drain::queue(QUEUE).run(db.pool()).await.unwrap();
+    assert_eq!(summary.runs.len(), 1, "{}", summary.describe());
+    assert_eq!(summary.order("a"), vec![parent]);
+    assert_eq!(summary.left_queued, 2);
+    let mut conn = db.connect().await.unwrap();
+    let plain = TestingHelpersJob::default();
+    pgfifo::testing::assert_enqueued(
+        &mut conn,
+        &Jobs::all().group("b"),
+        std::slice::from_ref(&plain),
+    )
+    .await;
+    pgfifo::testing::assert_enqueued(
+        &mut conn,
+        &Jobs::all().ungrouped().state("queued"),
+        &[plain],
+    )
+    .await;
+
+    let summary = Drain::queue(QUEUE)
+        .with_recursion(true)
+        .run(db.pool())
+        .await
+        .unwrap();
+    assert_eq!((summary.succeeded, summary.left_queued), (2, 0));
+    assert_eq!(summary.by_group().len(), 2, "group b and the ungrouped job");
 }
