@@ -357,3 +357,14 @@ pub(crate) async fn group_runs(
         .load(conn)
         .await
 }
+
+/// Ends whatever a drain that failed half-way left on its job connection:
+/// an open transaction, a long run's session-level lock.
+const RESET_SESSION: &str = "ROLLBACK; SELECT pg_advisory_unlock_all()";
+
+/// See [`RESET_SESSION`]; best effort (the connection may be gone).
+pub(crate) async fn reset_session(conn: &mut AsyncPgConnection) {
+    if conn.batch_execute(RESET_SESSION).await.is_err() {
+        let _ = conn.batch_execute("SELECT pg_advisory_unlock_all()").await;
+    }
+}

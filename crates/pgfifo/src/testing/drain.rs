@@ -181,10 +181,11 @@ impl Drain {
             .run(&mut job_conn, &mut book, hold.as_deref_mut())
             .await;
         if ran.is_err() {
-            // Leave nothing open on connections going back to the pool.
-            let _ = job_conn.batch_execute("ROLLBACK").await;
+            // Leave nothing open on connections going back to the pool: no
+            // transaction, and no long run's session lock.
+            tsql::reset_session(&mut job_conn).await;
             if let Some(hold) = hold.as_deref_mut() {
-                let _ = hold.batch_execute("ROLLBACK").await;
+                let _ = hold.batch_execute(sql::ROLLBACK).await;
             }
         }
         ran?;
