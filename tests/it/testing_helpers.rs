@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use diesel::sql_types::BigInt;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use pgfifo::admin::{pause_group, set_failure_policy, set_group_limits, FailurePolicy};
+use pgfifo::admin::{
+    pause_group, pause_queue, set_failure_policy, set_group_limits, FailurePolicy,
+};
 use pgfifo::testing::{
     assert_group_ran_in_order, check_group_ran_in_order, enqueued_jobs, Drain, Jobs, TestDatabase,
 };
@@ -264,4 +266,29 @@ async fn without_recursion_jobs_enqueued_by_handlers_wait_in_any_group() {
         .unwrap();
     assert_eq!((summary.succeeded, summary.left_queued), (2, 0));
     assert_eq!(summary.by_group().len(), 2, "group b and the ungrouped job");
+}
+
+#[tokio::test]
+async fn a_drain_runs_a_wide_group_in_order_and_nothing_of_a_paused_queue() {
+    let db = TestDatabase::new().await.unwrap();
+    let mut conn = db.connect().await.unwrap();
+    set_group_limits(&mut conn, QUEUE, "wide", GroupLimits::new().concurrency(2))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(enqueue(&db, false, "wide").await);
+    }
+    let summary = Drain::queue(QUEUE).run(db.pool()).await.unwrap();
+    assert_eq!(summary.order("wide"), ids, "{}", summary.describe());
+
+    enqueue(&db, false, "later").await;
+    pause_queue(&mut conn, QUEUE).await.unwrap();
+    let summary = Drain::queue(QUEUE)
+        .with_scheduled(true)
+        .run(db.pool())
+        .await
+        .unwrap();
+    assert!(summary.runs.is_empty(), "{}", summary.describe());
+    assert_eq!(summary.left_queued, 1);
 }
