@@ -66,6 +66,9 @@ mod runner_ops_metrics;
 mod runner_ops_retention;
 mod runner_ops_support;
 
+// The testing helpers users get (`pgfifo::testing`).
+mod testing_helpers;
+
 // The web dashboard.
 mod dashboard;
 mod dashboard_browser;

@@ -2,7 +2,6 @@
 //! that test databases are cloned from, creating and dropping test
 //! databases, and sweeping what failed runs left behind.
 
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -94,20 +93,9 @@ pub(crate) async fn create_database(name: &str, template: Option<&str>) {
 /// The template database for the current migrations, created on first use
 /// under an advisory lock (parallel test processes create it once).
 pub(crate) async fn ensure_template() -> String {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    // The migration runner's own bookkeeping table is part of the template
-    // too: bump this when its shape changes.
-    "schema_migrations with checksum".hash(&mut hasher);
-    for m in pgfifo::migrate::MIGRATIONS {
-        m.version.hash(&mut hasher);
-        m.up.hash(&mut hasher);
-    }
-    for f in pgfifo::migrate::FUNCTIONS {
-        f.file.hash(&mut hasher);
-        f.sql.hash(&mut hasher);
-    }
-    pgfifo::migrate::RELEASE.hash(&mut hasher);
-    let template = format!("pgfifo_template_{:016x}", hasher.finish());
+    // The same template `pgfifo::testing::TestDatabase` clones: one per
+    // schema (migrations, functions, release).
+    let template = pgfifo::testing::template_name();
 
     #[derive(QueryableByName)]
     struct Count {

@@ -63,6 +63,8 @@ mod names;
 mod registry;
 pub mod runner;
 pub mod schedule;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use async_trait::async_trait;
 pub use context::JobContext;

@@ -21,6 +21,8 @@ pub(crate) mod runner;
 pub(crate) mod schedule;
 pub(crate) mod session_sql;
 pub(crate) mod statement;
+#[cfg(feature = "testing")]
+pub(crate) mod testing;
 
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use std::time::Duration;

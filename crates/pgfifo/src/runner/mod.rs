@@ -36,7 +36,7 @@ mod lanes;
 mod listener;
 mod maintenance;
 pub mod metrics;
-mod outcome;
+pub(crate) mod outcome;
 mod scheduler;
 mod sessions;
 mod timer;
