@@ -14,8 +14,8 @@ use pgfifo_tests::failover::{wait_until, Node};
 use pgfifo_tests::query::scalar;
 
 use crate::jobs::{
-    committed_runs, connect, now_ns, peak_overlap, FoJob, FoTick, FoWide, FO_LOG, FO_TICKS,
-    FO_WIDE_LOG,
+    committed_runs, connect, long_checks, now_ns, peak_overlap, FoJob, FoLong, FoTick, FoWide,
+    FO_LOG, FO_LONG_LOG, FO_TICKS, FO_WIDE_LOG,
 };
 
 const GROUPS: u32 = 30;
@@ -24,6 +24,9 @@ const DB: &str = "app";
 /// Groups of concurrency 2 and their jobs.
 const WIDE_GROUPS: u32 = 3;
 const WIDE_PER_GROUP: u32 = 40;
+/// Groups of long-mode jobs (`#[job(long)]`) and their jobs.
+const LONG_GROUPS: u32 = 2;
+const LONG_PER_GROUP: u32 = 40;
 /// Jobs that succeed before the fault.
 const BEFORE: usize = 300;
 
@@ -117,6 +120,18 @@ async fn failover(fault: Fault, replication: Replication) {
         conn.batch_execute(FO_LOG).await.unwrap();
         conn.batch_execute(FO_TICKS).await.unwrap();
         conn.batch_execute(FO_WIDE_LOG).await.unwrap();
+        conn.batch_execute(FO_LONG_LOG).await.unwrap();
+        let long = (0..LONG_GROUPS * LONG_PER_GROUP).map(|i| {
+            let (group, seq) = (i % LONG_GROUPS, i / LONG_GROUPS);
+            NewJob::new(
+                &FoLong { group, seq },
+                EnqueueOptions::group(format!("l{group}")),
+            )
+            .unwrap()
+        });
+        pgfifo::enqueue_batch(&mut conn, long.collect::<Vec<_>>())
+            .await
+            .expect("enqueue");
         let wide = (0..WIDE_GROUPS * WIDE_PER_GROUP).map(|i| {
             let (group, seq) = (i % WIDE_GROUPS, i / WIDE_GROUPS);
             NewJob::new(
@@ -144,7 +159,7 @@ async fn failover(fault: Fault, replication: Replication) {
 
     let tick = Schedule::new("fo-tick", "* * * * * *", || FoTick {}).on_missed(Missed::Skip);
     let config = RunnerConfig::default()
-        .queues(["fo", "fo_tick", "fo_wide"])
+        .queues(["fo", "fo_tick", "fo_wide", "fo_long"])
         .group_limits("fo_wide", GroupLimits::new().concurrency(2))
         .concurrency(8)
         .poll_interval(Duration::from_millis(200))
@@ -232,22 +247,23 @@ async fn failover(fault: Fault, replication: Replication) {
 
     let total = (GROUPS * (PER_GROUP + 1)) as i64;
     let wide_total = (WIDE_GROUPS * WIDE_PER_GROUP) as i64;
+    let long_total = (LONG_GROUPS * LONG_PER_GROUP) as i64;
     let mut checker = connect(&standby.url(DB)).await;
     let began = Instant::now();
     loop {
         let done = scalar(
             &mut checker,
-            "SELECT count(*) FROM pgfifo.job WHERE queue IN ('fo', 'fo_wide') \
+            "SELECT count(*) FROM pgfifo.job WHERE queue IN ('fo', 'fo_wide', 'fo_long') \
              AND state = 'succeeded'",
         )
         .await;
-        if done == total + wide_total {
+        if done == total + wide_total + long_total {
             break;
         }
         assert!(
             began.elapsed() < Duration::from_secs(90),
             "{done} of {} jobs succeeded 90 s after the promotion",
-            total + wide_total
+            total + wide_total + long_total
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -291,9 +307,15 @@ async fn failover(fault: Fault, replication: Replication) {
 
     let rows = committed_runs(&mut checker, "fo_log").await;
     let wide_rows = committed_runs(&mut checker, "fo_wide_log").await;
+    let long_rows = committed_runs(&mut checker, "fo_long_log").await;
     let mut committed: HashSet<i64> = rows.iter().map(|r| r.job_id).collect();
     committed.extend(wide_rows.iter().map(|r| r.job_id));
     let duplicates = rows.len() + wide_rows.len() - committed.len();
+    // Long mode: a run's row commits as it goes, so a run cut off by the
+    // failover may have written its row and run again (a rerun, next to it).
+    let long_jobs: HashSet<i64> = long_rows.iter().map(|r| r.job_id).collect();
+    let (long_order, long_overlaps, long_reruns) = long_checks(&long_rows);
+    committed.extend(long_jobs.iter().copied());
     let wide_peak = peak_overlap(&wide_rows);
     let lost = acknowledged
         .iter()
@@ -327,12 +349,18 @@ async fn failover(fault: Fault, replication: Replication) {
          order_violations={order_violations} overlaps={overlaps} promote={promote_took:.2?} \
          first_commit_on_new_primary={recovery_ms:.0}ms_after_promote_asked \
          ({:.0}ms_after_pg_ctl_returned) first_tick_on_new_primary={:.0}ms_after_promote_asked \
-         wide_jobs={wide_total} wide_peak={wide_peak} shutdown={shutdown_took:.2?}",
+         wide_jobs={wide_total} wide_peak={wide_peak} long_jobs={long_total} \
+         long_ran={} long_order_violations={long_order} long_overlaps={long_overlaps} \
+         long_reruns={long_reruns} shutdown={shutdown_took:.2?}",
         before_fault,
         acknowledged.len(),
         ms(first_new_ns - promoted_ns),
         ms(first_tick_ns - asked_ns),
+        long_jobs.len(),
     );
+    assert_eq!(long_jobs.len() as i64, long_total, "every long job ran");
+    assert_eq!(long_order, 0, "long-mode groups out of order");
+    assert_eq!(long_overlaps, 0, "long-mode runs of a group overlapped");
     assert_eq!(rows.len() as i64, total, "every job committed once");
     assert_eq!(
         wide_rows.len() as i64,
