@@ -84,6 +84,9 @@ pub(crate) struct LogRow {
     pub(crate) started_ns: i64,
     #[diesel(sql_type = BigInt)]
     pub(crate) ended_ns: i64,
+    /// The server's port: which server the run committed on.
+    #[diesel(sql_type = Integer)]
+    pub(crate) port: i32,
 }
 
 pub(crate) async fn connect(url: &str) -> AsyncPgConnection {
@@ -136,7 +139,7 @@ impl Handler for FoWide {
 /// The committed runs in `table`, by group and start.
 pub(crate) async fn committed_runs(conn: &mut AsyncPgConnection, table: &str) -> Vec<LogRow> {
     diesel::sql_query(format!(
-        "SELECT job_id, grp, seq, started_ns, ended_ns FROM {table} ORDER BY grp, started_ns"
+        "SELECT job_id, grp, seq, started_ns, ended_ns, port FROM {table} ORDER BY grp, started_ns"
     ))
     .load(conn)
     .await

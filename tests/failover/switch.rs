@@ -315,6 +315,10 @@ async fn failover(fault: Fault, replication: Replication) {
     // failover may have written its row and run again (a rerun, next to it).
     let long_jobs: HashSet<i64> = long_rows.iter().map(|r| r.job_id).collect();
     let (long_order, long_overlaps, long_reruns) = long_checks(&long_rows);
+    let long_on_new = long_rows
+        .iter()
+        .filter(|r| r.port == i32::from(standby.port()))
+        .count();
     committed.extend(long_jobs.iter().copied());
     let wide_peak = peak_overlap(&wide_rows);
     let lost = acknowledged
@@ -351,7 +355,7 @@ async fn failover(fault: Fault, replication: Replication) {
          ({:.0}ms_after_pg_ctl_returned) first_tick_on_new_primary={:.0}ms_after_promote_asked \
          wide_jobs={wide_total} wide_peak={wide_peak} long_jobs={long_total} \
          long_ran={} long_order_violations={long_order} long_overlaps={long_overlaps} \
-         long_reruns={long_reruns} shutdown={shutdown_took:.2?}",
+         long_reruns={long_reruns} long_on_new_primary={long_on_new} shutdown={shutdown_took:.2?}",
         before_fault,
         acknowledged.len(),
         ms(first_new_ns - promoted_ns),
