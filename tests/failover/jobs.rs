@@ -84,6 +84,9 @@ pub(crate) struct LogRow {
     pub(crate) started_ns: i64,
     #[diesel(sql_type = BigInt)]
     pub(crate) ended_ns: i64,
+    /// The server's port: which server the run committed on.
+    #[diesel(sql_type = Integer)]
+    pub(crate) port: i32,
 }
 
 pub(crate) async fn connect(url: &str) -> AsyncPgConnection {
@@ -136,7 +139,7 @@ impl Handler for FoWide {
 /// The committed runs in `table`, by group and start.
 pub(crate) async fn committed_runs(conn: &mut AsyncPgConnection, table: &str) -> Vec<LogRow> {
     diesel::sql_query(format!(
-        "SELECT job_id, grp, seq, started_ns, ended_ns FROM {table} ORDER BY grp, started_ns"
+        "SELECT job_id, grp, seq, started_ns, ended_ns, port FROM {table} ORDER BY grp, started_ns"
     ))
     .load(conn)
     .await
@@ -155,4 +158,65 @@ pub(crate) fn peak_overlap(rows: &[LogRow]) -> usize {
         peak = peak.max(at_once);
     }
     peak
+}
+
+/// A long-mode job (`#[job(long)]`): holds its group without an open
+/// transaction; its write to `fo_long_log` commits at once (autocommit), so
+/// a run cut off by the failover may have written its row and run again.
+#[derive(Job, Serialize, Deserialize, Debug)]
+#[job(
+    kind = "fo.long",
+    queue = "fo_long",
+    long,
+    max_attempts = 25,
+    backoff = "20ms",
+    timeout = "60s"
+)]
+pub(crate) struct FoLong {
+    pub(crate) group: u32,
+    pub(crate) seq: u32,
+}
+
+/// The table [`FoLong`] writes to.
+pub(crate) const FO_LONG_LOG: &str = "CREATE TABLE fo_long_log (LIKE fo_log INCLUDING DEFAULTS)";
+
+#[async_trait]
+impl Handler for FoLong {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let started = now_ns();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        diesel::sql_query(
+            "INSERT INTO fo_long_log (job_id, grp, seq, started_ns, ended_ns) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind::<BigInt, _>(ctx.id())
+        .bind::<Integer, _>(i32::try_from(self.group)?)
+        .bind::<Integer, _>(i32::try_from(self.seq)?)
+        .bind::<BigInt, _>(started)
+        .bind::<BigInt, _>(now_ns())
+        .execute(ctx.conn())
+        .await?;
+        Ok(())
+    }
+}
+
+/// Checks the rows of long-mode runs (ordered by group and start): every
+/// group's runs in order, a job's reruns only right after it, no two runs
+/// of a group overlapping. Returns (order violations, overlaps, reruns).
+pub(crate) fn long_checks(rows: &[LogRow]) -> (usize, usize, usize) {
+    let (mut order, mut overlaps, mut reruns) = (0, 0, 0);
+    for pair in rows.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.grp != b.grp {
+            continue;
+        }
+        if b.job_id == a.job_id {
+            reruns += 1;
+        } else if b.seq != a.seq + 1 {
+            order += 1;
+        }
+        if b.started_ns < a.ended_ns {
+            overlaps += 1;
+        }
+    }
+    (order, overlaps, reruns)
 }

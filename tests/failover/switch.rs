@@ -14,8 +14,8 @@ use pgfifo_tests::failover::{wait_until, Node};
 use pgfifo_tests::query::scalar;
 
 use crate::jobs::{
-    committed_runs, connect, now_ns, peak_overlap, FoJob, FoTick, FoWide, FO_LOG, FO_TICKS,
-    FO_WIDE_LOG,
+    committed_runs, connect, long_checks, now_ns, peak_overlap, FoJob, FoLong, FoTick, FoWide,
+    FO_LOG, FO_LONG_LOG, FO_TICKS, FO_WIDE_LOG,
 };
 
 const GROUPS: u32 = 30;
@@ -24,6 +24,9 @@ const DB: &str = "app";
 /// Groups of concurrency 2 and their jobs.
 const WIDE_GROUPS: u32 = 3;
 const WIDE_PER_GROUP: u32 = 40;
+/// Groups of long-mode jobs (`#[job(long)]`) and their jobs.
+const LONG_GROUPS: u32 = 2;
+const LONG_PER_GROUP: u32 = 40;
 /// Jobs that succeed before the fault.
 const BEFORE: usize = 300;
 
@@ -54,7 +57,7 @@ enum Replication {
 
 /// Makes the primary wait for the standby on every commit, and waits until
 /// the standby is its synchronous one.
-async fn make_synchronous(primary: &Node) {
+pub(crate) async fn make_synchronous(primary: &Node) {
     let mut admin = connect(&primary.url("postgres")).await;
     admin
         .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
@@ -117,6 +120,18 @@ async fn failover(fault: Fault, replication: Replication) {
         conn.batch_execute(FO_LOG).await.unwrap();
         conn.batch_execute(FO_TICKS).await.unwrap();
         conn.batch_execute(FO_WIDE_LOG).await.unwrap();
+        conn.batch_execute(FO_LONG_LOG).await.unwrap();
+        let long = (0..LONG_GROUPS * LONG_PER_GROUP).map(|i| {
+            let (group, seq) = (i % LONG_GROUPS, i / LONG_GROUPS);
+            NewJob::new(
+                &FoLong { group, seq },
+                EnqueueOptions::group(format!("l{group}")),
+            )
+            .unwrap()
+        });
+        pgfifo::enqueue_batch(&mut conn, long.collect::<Vec<_>>())
+            .await
+            .expect("enqueue");
         let wide = (0..WIDE_GROUPS * WIDE_PER_GROUP).map(|i| {
             let (group, seq) = (i % WIDE_GROUPS, i / WIDE_GROUPS);
             NewJob::new(
@@ -144,7 +159,7 @@ async fn failover(fault: Fault, replication: Replication) {
 
     let tick = Schedule::new("fo-tick", "* * * * * *", || FoTick {}).on_missed(Missed::Skip);
     let config = RunnerConfig::default()
-        .queues(["fo", "fo_tick", "fo_wide"])
+        .queues(["fo", "fo_tick", "fo_wide", "fo_long"])
         .group_limits("fo_wide", GroupLimits::new().concurrency(2))
         .concurrency(8)
         .poll_interval(Duration::from_millis(200))
@@ -232,22 +247,23 @@ async fn failover(fault: Fault, replication: Replication) {
 
     let total = (GROUPS * (PER_GROUP + 1)) as i64;
     let wide_total = (WIDE_GROUPS * WIDE_PER_GROUP) as i64;
+    let long_total = (LONG_GROUPS * LONG_PER_GROUP) as i64;
     let mut checker = connect(&standby.url(DB)).await;
     let began = Instant::now();
     loop {
         let done = scalar(
             &mut checker,
-            "SELECT count(*) FROM pgfifo.job WHERE queue IN ('fo', 'fo_wide') \
+            "SELECT count(*) FROM pgfifo.job WHERE queue IN ('fo', 'fo_wide', 'fo_long') \
              AND state = 'succeeded'",
         )
         .await;
-        if done == total + wide_total {
+        if done == total + wide_total + long_total {
             break;
         }
         assert!(
             began.elapsed() < Duration::from_secs(90),
             "{done} of {} jobs succeeded 90 s after the promotion",
-            total + wide_total
+            total + wide_total + long_total
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -291,9 +307,19 @@ async fn failover(fault: Fault, replication: Replication) {
 
     let rows = committed_runs(&mut checker, "fo_log").await;
     let wide_rows = committed_runs(&mut checker, "fo_wide_log").await;
+    let long_rows = committed_runs(&mut checker, "fo_long_log").await;
     let mut committed: HashSet<i64> = rows.iter().map(|r| r.job_id).collect();
     committed.extend(wide_rows.iter().map(|r| r.job_id));
     let duplicates = rows.len() + wide_rows.len() - committed.len();
+    // Long mode: a run's row commits as it goes, so a run cut off by the
+    // failover may have written its row and run again (a rerun, next to it).
+    let long_jobs: HashSet<i64> = long_rows.iter().map(|r| r.job_id).collect();
+    let (long_order, long_overlaps, long_reruns) = long_checks(&long_rows);
+    let long_on_new = long_rows
+        .iter()
+        .filter(|r| r.port == i32::from(standby.port()))
+        .count();
+    committed.extend(long_jobs.iter().copied());
     let wide_peak = peak_overlap(&wide_rows);
     let lost = acknowledged
         .iter()
@@ -327,12 +353,18 @@ async fn failover(fault: Fault, replication: Replication) {
          order_violations={order_violations} overlaps={overlaps} promote={promote_took:.2?} \
          first_commit_on_new_primary={recovery_ms:.0}ms_after_promote_asked \
          ({:.0}ms_after_pg_ctl_returned) first_tick_on_new_primary={:.0}ms_after_promote_asked \
-         wide_jobs={wide_total} wide_peak={wide_peak} shutdown={shutdown_took:.2?}",
+         wide_jobs={wide_total} wide_peak={wide_peak} long_jobs={long_total} \
+         long_ran={} long_order_violations={long_order} long_overlaps={long_overlaps} \
+         long_reruns={long_reruns} long_on_new_primary={long_on_new} shutdown={shutdown_took:.2?}",
         before_fault,
         acknowledged.len(),
         ms(first_new_ns - promoted_ns),
         ms(first_tick_ns - asked_ns),
+        long_jobs.len(),
     );
+    assert_eq!(long_jobs.len() as i64, long_total, "every long job ran");
+    assert_eq!(long_order, 0, "long-mode groups out of order");
+    assert_eq!(long_overlaps, 0, "long-mode runs of a group overlapped");
     assert_eq!(rows.len() as i64, total, "every job committed once");
     assert_eq!(
         wide_rows.len() as i64,
@@ -356,44 +388,53 @@ async fn failover(fault: Fault, replication: Replication) {
         "shutdown took {shutdown_took:?}"
     );
     // The bound the issue sets with default settings: 30 s after the
-    // standby left recovery (5 s when the primary was killed or stopped).
-    // A demotion is bounded like a hang: with synchronous replication, a
-    // job transaction opened before `default_transaction_read_only` still
-    // writes, and its COMMIT waits for the standby that was promoted away
-    // until the round-trip deadline (docs/failover.md; once 10.07 s in CI).
+    // standby left recovery (5 s when the primary was killed or stopped),
+    // counted from when `pg_ctl promote -w` returned: on a loaded machine
+    // the promotion itself has taken 5 s. A demotion is bounded like a
+    // hang: in one run of several it took 10 s, the round-trip deadline,
+    // most likely a COMMIT begun before `default_transaction_read_only`
+    // that waited for the synchronous standby promoted away
+    // (docs/failover.md; the `.ci/run` summary line shows the figure).
     let bound = match fault {
         Fault::Killed | Fault::Stopped => Duration::from_secs(5),
         Fault::Hung | Fault::Demoted => Duration::from_secs(30),
     };
+    let after_promoted_ms = ms(first_new_ns - promoted_ns);
     assert!(
-        recovery_ms < bound.as_secs_f64() * 1e3,
-        "the first job committed on the new primary {recovery_ms:.0} ms after the promotion"
+        after_promoted_ms < bound.as_secs_f64() * 1e3,
+        "the first job committed on the new primary {after_promoted_ms:.0} ms after the \
+         promotion ({recovery_ms:.0} ms after it was asked for)"
     );
     drop(checker);
     drop(primary);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: a primary, a standby and a failover; .ci/run runs it with --ignored"]
 async fn a_killed_primary_and_a_promoted_synchronous_standby() {
     failover(Fault::Killed, Replication::Synchronous).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: a primary, a standby and a failover; .ci/run runs it with --ignored"]
 async fn a_hung_primary_and_a_promoted_synchronous_standby() {
     failover(Fault::Hung, Replication::Synchronous).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: a primary, a standby and a failover; .ci/run runs it with --ignored"]
 async fn a_stopped_primary_and_a_promoted_synchronous_standby() {
     failover(Fault::Stopped, Replication::Synchronous).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: a primary, a standby and a failover; .ci/run runs it with --ignored"]
 async fn a_demoted_primary_that_takes_no_writes_and_a_promoted_standby() {
     failover(Fault::Demoted, Replication::Synchronous).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: a primary, a standby and a failover; .ci/run runs it with --ignored"]
 async fn a_killed_primary_and_a_promoted_asynchronous_standby() {
     failover(Fault::Killed, Replication::Asynchronous).await;
 }

@@ -10,9 +10,13 @@
 //!   pooler (`ConnectOptions::transaction_pooler`);
 //! * `DIRECT_URL`: `RunnerConfig::direct_url`, when set;
 //! * `EXIT_WITH_STDIN=1`: exit as soon as stdin closes, so that a worker never
-//!   outlives a test process that died without cleaning up.
+//!   outlives a test process that died without cleaning up;
+//! * `WIDE_QUEUE`: also serve this queue, its groups at concurrency 2 (the
+//!   failover test enqueues `mp.job` there with `EnqueueOptions::queue`);
+//! * `ACKS_FILE`: the file the id of every success the runner reports (its
+//!   commit acknowledged by the server) is appended to, one a line.
 //!
-//! It serves queue `mp` only, prints `ready pid=<pid>` once the runner runs,
+//! It serves queue `mp` (and `WIDE_QUEUE`) only, prints `ready pid=<pid>` once the runner runs,
 //! drains and exits 0 on SIGTERM or SIGINT after printing
 //! `done pid=<pid> runs=<n>`.
 
@@ -112,11 +116,21 @@ async fn run() -> Result<(), String> {
     let pool = pgfifo::connect_with(&url, options)
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let mut config = worker::base_config(["mp"], concurrency);
+    let wide = std::env::var("WIDE_QUEUE").ok();
+    let mut config = worker::base_config(
+        ["mp".to_owned()].into_iter().chain(wide.clone()),
+        concurrency,
+    );
+    if let Some(wide) = wide {
+        config = config.group_limits(wide, pgfifo::GroupLimits::new().concurrency(2));
+    }
     if let Ok(direct) = std::env::var("DIRECT_URL") {
         config = config.direct_url(direct);
     }
-    worker::run_until_signal(pool, config).await?;
+    match std::env::var("ACKS_FILE") {
+        Ok(acks) => run_with_acks(pool, config, &acks).await?,
+        Err(_) => worker::run_until_signal(pool, config).await?,
+    }
 
     let file = RECORDS
         .get()
@@ -130,4 +144,43 @@ async fn run() -> Result<(), String> {
         AtomicU64::load(&RUNS, Ordering::Relaxed)
     ));
     Ok(())
+}
+
+/// `worker::run_until_signal`, appending the id of every success the runner
+/// reports to `path` (written by a task fed by the runner's events).
+async fn run_with_acks(
+    pool: pgfifo::Pool,
+    config: pgfifo::RunnerConfig,
+    path: &str,
+) -> Result<(), String> {
+    let mut file = worker::open_records(path)?;
+    let runner = pgfifo::runner::start(pool, config)
+        .await
+        .map_err(|e| format!("start: {e}"))?;
+    let mut events = runner.subscribe();
+    let writer = tokio::spawn(async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            match events.recv().await {
+                Ok(event) if event.outcome == pgfifo::runner::JobOutcome::Succeeded => {
+                    file.write_all(format!("{}\n", event.id).as_bytes())
+                        .map_err(|e| format!("write acks: {e}"))?;
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(n)) => return Err(format!("missed {n} job events")),
+                Err(RecvError::Closed) => return file.sync_all().map_err(|e| e.to_string()),
+            }
+        }
+    });
+    worker::say(&format!("ready pid={}", std::process::id()));
+    runner
+        .shutdown_on_signal()
+        .await
+        .map_err(|e| format!("shutdown: {e}"))?;
+    // Each line went out in its own `write`: the test reads them all even
+    // if the events never close.
+    match tokio::time::timeout(Duration::from_secs(2), writer).await {
+        Ok(written) => written.map_err(|e| e.to_string())?,
+        Err(_) => Ok(()),
+    }
 }
