@@ -61,21 +61,7 @@ async fn a_group_runs_three_at_once_across_processes_and_a_kill_frees_its_slot()
     let killed_at = records::now_ns();
 
     // Everything drains on the two that are left.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let done = db
-            .scalar("SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'")
-            .await;
-        if done == ids.len() as i64 {
-            break;
-        }
-        workers.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "only {done} jobs succeeded after 90 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    super::wait_drained(&db, ids.len(), &mut workers, Duration::from_secs(90)).await;
     workers.terminate().await;
 
     // Exactly once, by what committed; the killed job by another process.

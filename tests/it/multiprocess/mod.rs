@@ -20,9 +20,36 @@ mod rate;
 mod start_order;
 mod weights;
 
+use std::time::{Duration, Instant};
+
 use pgfifo_tests::TestDb;
 
-use harness::{drain_and_check, Drain};
+use harness::{drain_and_check, Drain, Workers};
+
+/// Waits until `total` jobs have succeeded, for at most `limit`, checking
+/// meanwhile that no worker has exited.
+pub(crate) async fn wait_drained(
+    db: &TestDb,
+    total: usize,
+    workers: &mut Workers,
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let done = db
+            .scalar("SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'")
+            .await;
+        if done == total as i64 {
+            return;
+        }
+        workers.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "only {done} jobs succeeded after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_keep_groups_exclusive_ordered_and_exactly_once() {

@@ -5,7 +5,7 @@
 //! follow the weights within 10 %.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgfifo::GroupLimits;
 use pgfifo_tests::records::Run;
@@ -35,21 +35,7 @@ async fn starts_by_weight(groups: &[(u32, u32, u32)], jobs: u32) -> BTreeMap<u32
         (0..jobs).flat_map(|seq| groups.iter().map(move |&(g, _, _)| mp_job(g, seq, 5_000)));
     let ids = pgfifo::enqueue_batch(&mut conn, new_jobs).await.unwrap();
     let mut workers = Workers::start(3, &db.url, &[("CONCURRENCY", "1")]).await;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let done = db
-            .scalar("SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'")
-            .await;
-        if done == ids.len() as i64 {
-            break;
-        }
-        workers.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "only {done} jobs succeeded after 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    super::wait_drained(&db, ids.len(), &mut workers, Duration::from_secs(120)).await;
     workers.terminate().await;
     let mut runs: Vec<Run> = workers.runs();
     runs.sort_by_key(|r| r.start_ns);

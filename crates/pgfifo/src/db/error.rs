@@ -100,6 +100,20 @@ pub(crate) fn must_replace(err: &Error) -> bool {
     is_connection_error(err) || is_read_only(err)
 }
 
+/// `err` with its causes: tokio-postgres's own message names only the kind
+/// of error ("db error", "error connecting to server"); the server's
+/// message or the operating system's reason is its source.
+pub(crate) fn with_causes(err: &tokio_postgres::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(err);
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -278,7 +278,11 @@ async fn open_one(
     let (client, connection) = tokio::time::timeout(per_host, connect)
         .await
         .map_err(|_| None)?
-        .map_err(|err| Some(ConnectionError::BadConnection(with_causes(&err))))?;
+        .map_err(|err| {
+            Some(ConnectionError::BadConnection(super::error::with_causes(
+                &err,
+            )))
+        })?;
     let setup = async {
         if pooled {
             return pooler::setup(client, connection).await;
@@ -296,20 +300,6 @@ async fn open_one(
             "the connection was not set up within {SETUP_PATIENCE:?} of the server's answer"
         )))),
     }
-}
-
-/// `err` with its causes: tokio-postgres's own message names only the kind
-/// of error ("db error", "error connecting to server"); the server's
-/// message or the operating system's reason is its source.
-pub(crate) fn with_causes(err: &tokio_postgres::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = std::error::Error::source(err);
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
 }
 
 /// `config` split into one configuration per host, named for messages, in

@@ -191,6 +191,15 @@ pub async fn establish(url: &str) -> ConnectionResult<AsyncPgConnection> {
         .map_err(Into::into)
 }
 
+/// Opens one connection from `url` prepared for a transaction-mode pooler,
+/// whatever the URL says ([`pooler::establish`]).
+pub(crate) async fn open_pooled(url: &str) -> ConnectionResult<AsyncPgConnection> {
+    let target = hosts::Target::parse(url)?;
+    hosts::open(&target, CONNECT_TIMEOUT, true)
+        .await
+        .map_err(Into::into)
+}
+
 /// Opens one connection straight to PostgreSQL, with the keepalive
 /// settings, trying each host of `url` within [`CONNECT_TIMEOUT`]: for what
 /// a pooler cannot carry (LISTEN, session locks).

@@ -120,10 +120,7 @@ pub(crate) fn host_of(conn: &mut AsyncPgConnection) -> Option<std::sync::Arc<str
 /// [`CONNECT_TIMEOUT`](super::CONNECT_TIMEOUT), as by
 /// [`connect`](super::connect). A `pgbouncer=true` parameter is taken out.
 pub async fn establish(url: &str) -> ConnectionResult<AsyncPgConnection> {
-    let target = super::hosts::Target::parse(url)?;
-    super::hosts::open(&target, super::CONNECT_TIMEOUT, true)
-        .await
-        .map_err(Into::into)
+    super::open_pooled(url).await
 }
 
 /// Sets up a connection that tokio-postgres opened through a
@@ -136,7 +133,7 @@ pub(crate) async fn setup(
     >,
 ) -> ConnectionResult<AsyncPgConnection> {
     let bad = |err: tokio_postgres::Error| {
-        ConnectionError::BadConnection(super::hosts::with_causes(&err))
+        ConnectionError::BadConnection(super::error::with_causes(&err))
     };
     // The connection's I/O is driven by polling `connection`: here, until
     // the BEGIN is through; then by the task diesel-async spawns for it.
@@ -148,7 +145,7 @@ pub(crate) async fn setup(
             closed = &mut connection => {
                 return Err(ConnectionError::BadConnection(match closed {
                     Ok(()) => "the server closed the connection".to_owned(),
-                    Err(err) => super::hosts::with_causes(&err),
+                    Err(err) => super::error::with_causes(&err),
                 }));
             }
         }
