@@ -9,7 +9,9 @@
 //!   waiting in statements on that server are cut off once the listener's
 //!   poll finds the server hung.
 //! * `switch.rs`: a runner with a multi-host URL drains jobs in many
-//!   groups (three of concurrency 2, two of long-mode jobs) while the primary is killed (`kill -9` of its postmaster),
+//!   groups (three of concurrency 2, two of long-mode jobs, and two hot
+//!   groups served by a second runner, `hot.rs`, whose jobs commit in
+//!   batches of followers) while the primary is killed (`kill -9` of its postmaster),
 //!   stopped (`pg_ctl stop -m fast`), frozen (SIGSTOP of every process) or
 //!   demoted (`default_transaction_read_only`) and the standby is promoted;
 //!   with synchronous replication nothing acknowledged is lost, no group
@@ -31,6 +33,7 @@
 
 mod connect;
 mod hang;
+mod hot;
 mod jobs;
 mod processes;
 mod switch;

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use diesel_async::SimpleAsyncConnection;
 use pgfifo::runner::JobOutcome;
 use pgfifo::schedule::{Missed, Schedule};
-use pgfifo::{EnqueueOptions, GroupLimits, JobId, NewJob, RunnerConfig};
+use pgfifo::{EnqueueOptions, GroupLimits, JobId, NewJob, RunnerConfig, RunnerHandle};
 use pgfifo_tests::failover::{wait_until, Node};
 use pgfifo_tests::query::scalar;
 
+use crate::hot::{check_hot, enqueue_hot, start_hot_runner, FO_HOT_LOG, HOT_GROUPS, HOT_PER_GROUP};
 use crate::jobs::{
     committed_runs, connect, long_checks, now_ns, peak_overlap, FoJob, FoLong, FoTick, FoWide,
     FO_LOG, FO_LONG_LOG, FO_TICKS, FO_WIDE_LOG,
@@ -85,6 +86,29 @@ pub(crate) async fn make_synchronous(primary: &Node) {
     }
 }
 
+/// The id of every success `runner` reports (acknowledged by a primary),
+/// schedule ticks left out.
+fn record_successes(runner: &RunnerHandle) -> Arc<Mutex<Vec<JobId>>> {
+    let successes: Arc<Mutex<Vec<JobId>>> = Arc::default();
+    let mut events = runner.subscribe();
+    let seen = successes.clone();
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(event) if event.outcome == JobOutcome::Succeeded && event.queue != "fo_tick" => {
+                    seen.lock().unwrap().push(event.id);
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    panic!("missed {n} job events")
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    successes
+}
+
 /// The whole scenario; prints one summary line.
 async fn failover(fault: Fault, replication: Replication) {
     // `PGFIFO_TEST_LOG=pgfifo=debug` shows what the runner did.
@@ -113,7 +137,7 @@ async fn failover(fault: Fault, replication: Replication) {
         standby.host()
     );
     // Default deadlines: what a user gets.
-    let pool = pgfifo::connect(&url, 24).await.expect("connect");
+    let pool = pgfifo::connect(&url, 32).await.expect("connect");
     pgfifo::migrate(&pool).await.expect("migrate");
     {
         let mut conn = pool.get().await.unwrap();
@@ -121,6 +145,7 @@ async fn failover(fault: Fault, replication: Replication) {
         conn.batch_execute(FO_TICKS).await.unwrap();
         conn.batch_execute(FO_WIDE_LOG).await.unwrap();
         conn.batch_execute(FO_LONG_LOG).await.unwrap();
+        conn.batch_execute(FO_HOT_LOG).await.unwrap();
         let long = (0..LONG_GROUPS * LONG_PER_GROUP).map(|i| {
             let (group, seq) = (i % LONG_GROUPS, i / LONG_GROUPS);
             NewJob::new(
@@ -167,29 +192,29 @@ async fn failover(fault: Fault, replication: Replication) {
     let runner = pgfifo::runner::start(pool.clone(), config)
         .await
         .expect("start the runner");
-    // Every success the runner reports: acknowledged by a primary.
-    let successes: Arc<Mutex<Vec<JobId>>> = Arc::default();
-    let mut events = runner.subscribe();
-    let seen = successes.clone();
-    tokio::spawn(async move {
-        loop {
-            match events.recv().await {
-                Ok(event) if event.outcome == JobOutcome::Succeeded && event.queue != "fo_tick" => {
-                    seen.lock().unwrap().push(event.id);
-                }
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    panic!("missed {n} job events")
-                }
-                Err(_) => return,
-            }
-        }
-    });
+    // Every success the runners report: acknowledged by a primary.
+    let successes = record_successes(&runner);
+    let hot_runner = start_hot_runner(pool.clone()).await;
+    let hot_successes = record_successes(&hot_runner);
     assert!(
         wait_until(Duration::from_secs(60), || successes.lock().unwrap().len()
             >= BEFORE)
         .await,
         "the runner did not drain {BEFORE} jobs before the fault"
+    );
+    // A burst in the hot groups, begun when the fault comes: it cuts
+    // batches of followers off.
+    enqueue_hot(&mut pool.get().await.unwrap(), 0)
+        .await
+        .expect("enqueue hot jobs");
+    assert!(
+        wait_until(Duration::from_secs(60), || hot_successes
+            .lock()
+            .unwrap()
+            .len()
+            >= 20)
+        .await,
+        "the hot runner did not start its burst"
     );
 
     match fault {
@@ -231,7 +256,9 @@ async fn failover(fault: Fault, replication: Replication) {
                 )
                 .unwrap()
             });
-            pgfifo::enqueue_batch(&mut conn, jobs.collect::<Vec<_>>()).await
+            pgfifo::enqueue_batch(&mut conn, jobs.collect::<Vec<_>>()).await?;
+            // And a second burst in the hot groups: followers on the new primary.
+            enqueue_hot(&mut conn, HOT_PER_GROUP).await
         };
         match enqueued.await {
             Ok(_) => break,
@@ -248,28 +275,30 @@ async fn failover(fault: Fault, replication: Replication) {
     let total = (GROUPS * (PER_GROUP + 1)) as i64;
     let wide_total = (WIDE_GROUPS * WIDE_PER_GROUP) as i64;
     let long_total = (LONG_GROUPS * LONG_PER_GROUP) as i64;
+    let hot_total = (2 * HOT_GROUPS * HOT_PER_GROUP) as i64;
     let mut checker = connect(&standby.url(DB)).await;
     let began = Instant::now();
     loop {
         let done = scalar(
             &mut checker,
-            "SELECT count(*) FROM pgfifo.job WHERE queue IN ('fo', 'fo_wide', 'fo_long') \
+            "SELECT count(*) FROM pgfifo.job WHERE queue IN ('fo', 'fo_wide', 'fo_long', 'fo_hot') \
              AND state = 'succeeded'",
         )
         .await;
-        if done == total + wide_total + long_total {
+        if done == total + wide_total + long_total + hot_total {
             break;
         }
         assert!(
             began.elapsed() < Duration::from_secs(90),
             "{done} of {} jobs succeeded 90 s after the promotion",
-            total + wide_total + long_total
+            total + wide_total + long_total + hot_total
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Every success the runner reported was acknowledged by a primary:
+    // Every success the runners reported was acknowledged by a primary:
     // with synchronous replication, the new one has it.
-    let reported = successes.lock().unwrap().clone();
+    let mut reported = successes.lock().unwrap().clone();
+    reported.extend(hot_successes.lock().unwrap().iter());
     let acknowledged: HashSet<JobId> = reported.iter().copied().collect();
     // Successes reported twice: the first one's commit did not survive.
     let reruns = reported.len() - acknowledged.len();
@@ -320,6 +349,8 @@ async fn failover(fault: Fault, replication: Replication) {
         .filter(|r| r.port == i32::from(standby.port()))
         .count();
     committed.extend(long_jobs.iter().copied());
+    let hot = check_hot(&mut checker, standby.port()).await;
+    committed.extend(hot.committed.iter().copied());
     let wide_peak = peak_overlap(&wide_rows);
     let lost = acknowledged
         .iter()
@@ -342,10 +373,12 @@ async fn failover(fault: Fault, replication: Replication) {
     let firsts = rows.iter().filter(|r| r.seq == 0).count();
 
     let stopping = Instant::now();
-    runner
-        .shutdown_within(Duration::from_secs(5))
-        .await
-        .expect("shutdown");
+    let (main_stop, hot_stop) = tokio::join!(
+        runner.shutdown_within(Duration::from_secs(5)),
+        hot_runner.shutdown_within(Duration::from_secs(5))
+    );
+    main_stop.expect("shutdown");
+    hot_stop.expect("shutdown of the hot runner");
     let shutdown_took = stopping.elapsed();
     println!(
         "failover: fault={fault:?} replication={replication:?} jobs={total} groups={GROUPS} \
@@ -355,13 +388,26 @@ async fn failover(fault: Fault, replication: Replication) {
          ({:.0}ms_after_pg_ctl_returned) first_tick_on_new_primary={:.0}ms_after_promote_asked \
          wide_jobs={wide_total} wide_peak={wide_peak} long_jobs={long_total} \
          long_ran={} long_order_violations={long_order} long_overlaps={long_overlaps} \
-         long_reruns={long_reruns} long_on_new_primary={long_on_new} shutdown={shutdown_took:.2?}",
+         long_reruns={long_reruns} long_on_new_primary={long_on_new} hot_jobs={hot_total} \
+         hot_ran={} hot_duplicates={} hot_order_violations={} hot_overlaps={} \
+         hot_followers={} hot_followers_on_new_primary={} shutdown={shutdown_took:.2?}",
         before_fault,
         acknowledged.len(),
         ms(first_new_ns - promoted_ns),
         ms(first_tick_ns - asked_ns),
         long_jobs.len(),
+        hot.runs,
+        hot.duplicates,
+        hot.order_violations,
+        hot.overlaps,
+        hot.followers,
+        hot.followers_on_new,
     );
+    assert_eq!(hot.runs as i64, hot_total, "every hot job committed once");
+    assert_eq!(hot.duplicates, 0, "hot jobs committed twice");
+    assert_eq!(hot.order_violations, 0, "hot groups out of order");
+    assert_eq!(hot.overlaps, 0, "runs of a hot group overlapped");
+    assert!(hot.followers > 0, "no hot job ran as a follower");
     assert_eq!(long_jobs.len() as i64, long_total, "every long job ran");
     assert_eq!(long_order, 0, "long-mode groups out of order");
     assert_eq!(long_overlaps, 0, "long-mode runs of a group overlapped");

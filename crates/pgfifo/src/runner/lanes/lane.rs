@@ -207,7 +207,7 @@ pub(super) async fn run(lanes: Arc<Lanes>, index: usize) {
                     board.note_locked(index, []);
                     seeking.set(false);
                     failures += 1;
-                    tracing::warn!(error = %err, lane = index, "pgfifo lane: database connection failed; retrying");
+                    tracing::warn!(error = %err, lane = index, "pgfifo lane: a database round trip failed; retrying on a new connection");
                     conn.abandon().await;
                     tokio::select! {
                         () = tokio::time::sleep(reconnect_backoff(failures)) => {}
