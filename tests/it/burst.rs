@@ -26,12 +26,12 @@ use serde::{Deserialize, Serialize};
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// How long a slow job of a burst takes.
-const SLOW: Duration = Duration::from_millis(400);
+const SLOW: Duration = Duration::from_millis(800);
 
 /// Jobs that ran side by side all end within this of the first start (one
 /// job's time and a generous margin; one after another would take twice a
 /// job's time).
-const SIDE_BY_SIDE: Duration = Duration::from_millis(700);
+const SIDE_BY_SIDE: Duration = Duration::from_millis(1_500);
 
 /// When a run started and ended.
 type Span = (Instant, Instant);

@@ -24,7 +24,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 static RUNS: Mutex<Vec<(String, i64, Instant, Instant)>> = Mutex::new(Vec::new());
 
 /// Sleeps `sleep_ms`; fails its first attempt (retry after `retry_ms`) when
-/// `fail_once`.
+/// `fail_once`; waits at its test's gate first when `gated`.
 #[derive(Job, Serialize, Deserialize, Debug, Clone)]
 #[job(queue = "conc", max_attempts = 3)]
 struct ConcJob {
@@ -34,12 +34,17 @@ struct ConcJob {
     fail_once: bool,
     #[serde(default)]
     retry_ms: u64,
+    #[serde(default)]
+    gated: bool,
 }
 
 #[async_trait]
 impl Handler for ConcJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
         let start = Instant::now();
+        if self.gated {
+            crate::gate::gate(&self.db).hold().await?;
+        }
         tokio::time::sleep(Duration::from_millis(self.sleep_ms)).await;
         RUNS.lock()
             .unwrap()
@@ -60,6 +65,7 @@ fn job(db: &TestDb, sleep_ms: u64) -> ConcJob {
         sleep_ms,
         fail_once: false,
         retry_ms: 0,
+        gated: false,
     }
 }
 
@@ -345,7 +351,9 @@ async fn raising_concurrency_under_a_running_job_does_not_stall_the_new_slots() 
 /// (enqueues into an active group wake nobody) fills the three slots as
 /// soon as a lane looks at the group: the lane that takes a job wakes
 /// another while a slot and a job are left, rather than each slot waiting
-/// for a poll (30 s here).
+/// for a poll (30 s here). Every job waits at the test's gate, so two of the
+/// backlog must reach it while the first job is held there: within the
+/// gate's patience (20 s), shorter than a poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_fills_every_free_slot_without_a_poll() {
     let db = TestDb::new().await;
@@ -365,18 +373,25 @@ async fn a_backlog_fills_every_free_slot_without_a_poll() {
                 .poll_interval(Duration::from_secs(30)),
         )
         .await;
-    let first = enqueue_all(&db, vec![job(&db, 1_500)], "burst").await;
-    db.wait_attempt_rows(first[0], 1, LIMIT).await;
+    let gated = |ms| ConcJob {
+        gated: true,
+        ..job(&db, ms)
+    };
+    let gate = crate::gate::gate(&db.name);
+    let first = enqueue_all(&db, vec![gated(0)], "burst").await;
+    gate.wait_started(1).await;
     let jobs = (0..4)
-        .map(|_| NewJob::new(&job(&db, 500), EnqueueOptions::group("burst")).unwrap())
+        .map(|_| NewJob::new(&gated(0), EnqueueOptions::group("burst")).unwrap())
         .collect::<Vec<_>>();
     let ids = pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
+    // Two of the backlog beside the first job, which is still held.
+    gate.wait_started(2).await;
+    gate.release.add_permits(5);
     db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
     runner.shutdown().await.unwrap();
     let all: Vec<i64> = first.iter().chain(&ids).copied().collect();
     let runs = runs(&db, &all);
     assert_eq!(runs.len(), 5, "each job ran once");
-    // Two of the backlog beside the first job, before it ends.
     assert_eq!(peak(&runs), 3, "the group's three slots filled: {runs:?}");
 }
 

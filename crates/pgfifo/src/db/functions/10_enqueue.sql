@@ -98,10 +98,20 @@ BEGIN
         END IF;
         -- The group's row, read once: it cannot become idle under the
         -- advisory lock this holds (see above). An active group needs
-        -- nothing.
+        -- nothing, unless its concurrency may be above 1 (its own setting
+        -- or its queue's default): then the new job may start at once in a
+        -- free slot beside its running ones, and runners are told, as a
+        -- poll would find it. (At concurrency 1 the next job waits for the
+        -- head, and the runner finds it when the head completes.)
         SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
         WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
         IF v_active THEN
+            IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+                PERFORM pg_notify('pgfifo', p_queue[1])
+                WHERE EXISTS (SELECT 1 FROM pgfifo.group_control AS c
+                              WHERE c.queue = p_queue[1] AND c.group_id IN ('', p_group[1])
+                                AND c.concurrency > 1);
+            END IF;
             RETURN ARRAY[v_id];
         END IF;
         -- An idle group (no head) of a queue without group controls, whose
@@ -225,6 +235,15 @@ BEGIN
     -- (they wake a lane). Active groups need no wake-up: their runner
     -- advances.
     PERFORM pg_notify('pgfifo_groups', q) FROM unnest(v_notify) AS q;
+    -- And once per queue with a group whose concurrency may be above 1, as
+    -- in the one-job path above: an active one may start a new job beside
+    -- its running ones.
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+        PERFORM pg_notify('pgfifo', s.q)
+        FROM (SELECT DISTINCT t.q FROM unnest(v_gq, v_gg) AS t(q, g)
+              JOIN pgfifo.group_control AS c
+                ON c.queue = t.q AND c.group_id IN ('', t.g) AND c.concurrency > 1) AS s(q);
+    END IF;
     IF p_group IS NULL OR array_position(p_group, NULL::text) IS NOT NULL THEN
         PERFORM pg_notify('pgfifo', s.q)
         FROM (SELECT DISTINCT t.q FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)

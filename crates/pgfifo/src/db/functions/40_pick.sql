@@ -450,6 +450,17 @@ BEGIN
                                         v_next_turn := least(v_next_turn, v_cand.tag + 1.0 / v_lim.weight);
                                     END IF;
                                     v_slot_job := true;
+                                    -- Another of the group's first N jobs
+                                    -- behind this one that may start (none
+                                    -- before it waits or failed): a slot is
+                                    -- free for it too, as at most N of the
+                                    -- first N run. Another lane is woken for
+                                    -- it (more), rather than a poll.
+                                    v_slot_left := v_slot_left OR EXISTS (
+                                        SELECT 1 FROM unnest(v_first) AS f(id)
+                                        WHERE f.id > v_job.id
+                                          AND f.id < coalesce(v_wait_id, 9223372036854775807)
+                                          AND f.id <= coalesce(v_fail_id, 9223372036854775807));
                                     v_jobs := v_job || v_jobs;
                                     v_slots := v_group.slot || v_slots;
                                     v_ids := v_ids || v_job.id;
