@@ -56,6 +56,7 @@ DECLARE
     v_void    text;
     v_at      timestamptz;
     v_active  boolean;
+    v_wide    boolean;
     v_alone   boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -103,14 +104,22 @@ BEGIN
         -- free slot beside its running ones, and runners are told, as a
         -- poll would find it. (At concurrency 1 the next job waits for the
         -- head, and the runner finds it when the head completes.)
-        SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
-        WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
+        -- (In one statement with the group's row; in a branch, so that a
+        -- schema without group controls never plans it.)
+        IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+            SELECT g.ready_at IS NOT NULL,
+                   EXISTS (SELECT 1 FROM pgfifo.group_control AS c
+                           WHERE c.queue = g.queue AND c.group_id IN ('', g.group_id)
+                             AND c.concurrency > 1)
+            INTO v_active, v_wide FROM pgfifo.queue_group AS g
+            WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
+        ELSE
+            SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
+            WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
+        END IF;
         IF v_active THEN
-            IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
-                PERFORM pg_notify('pgfifo', p_queue[1])
-                WHERE EXISTS (SELECT 1 FROM pgfifo.group_control AS c
-                              WHERE c.queue = p_queue[1] AND c.group_id IN ('', p_group[1])
-                                AND c.concurrency > 1);
+            IF v_wide THEN
+                v_void := pg_notify('pgfifo', p_queue[1])::text;
             END IF;
             RETURN ARRAY[v_id];
         END IF;
