@@ -163,7 +163,7 @@ impl Suite {
             );
             let noticed = std::fs::read_to_string(&stderr)
                 .unwrap_or_default()
-                .contains("database connection failed");
+                .contains("database round trip failed");
             if ended && noticed {
                 break;
             }

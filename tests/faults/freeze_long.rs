@@ -141,7 +141,7 @@ impl Suite {
                 |l| matches!(l, Line::End { run, .. } if run.job == frozen_job && run.attempt == 1),
             );
             let log = std::fs::read_to_string(&stderr).unwrap_or_default();
-            let refused = log.contains("database connection failed")
+            let refused = log.contains("database round trip failed")
                 || log.contains("taken over by another runner");
             if ended || refused {
                 break;
