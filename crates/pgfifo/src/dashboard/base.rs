@@ -7,12 +7,8 @@
 //! mount with a path parameter it comes from the request, and a `\` or a
 //! quote in it would reach the page's links.
 
-use axum::extract::{OriginalUri, Request};
+use axum::extract::OriginalUri;
 use axum::http::Uri;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-
-use super::fail::Fail;
 
 tokio::task_local! {
     /// The prefix of the request being answered (for pages that have no
@@ -21,7 +17,7 @@ tokio::task_local! {
 }
 
 /// The prefix of a request whose path the router saw as `inner`.
-fn base_of(inner: &Uri, original: Option<&OriginalUri>) -> Option<String> {
+pub(crate) fn base_of(inner: &Uri, original: Option<&OriginalUri>) -> Option<String> {
     let inner = inner.path();
     let original = original.map_or(inner, |uri| uri.0.path());
     let base = if inner == "/" {
@@ -38,15 +34,10 @@ fn base_of(inner: &Uri, original: Option<&OriginalUri>) -> Option<String> {
     plain.then(|| base.to_owned())
 }
 
-/// Middleware: works out the request's prefix (400 if it is not plain) and
-/// keeps it for the pages of this request.
-pub(crate) async fn with_base(mut request: Request, next: Next) -> Response {
-    let Some(base) = base_of(request.uri(), request.extensions().get::<OriginalUri>()) else {
-        return Fail::bad_request("the dashboard's mount path has characters it cannot link to")
-            .into_response();
-    };
-    request.extensions_mut().insert(Base(base.clone()));
-    BASE.scope(base, next.run(request)).await
+/// Answers `future` (a request's handling) with `base` as the prefix that
+/// [`current`] returns.
+pub(crate) async fn scope<F: std::future::Future>(base: String, future: F) -> F::Output {
+    BASE.scope(base, future).await
 }
 
 /// The prefix, as a request extension.

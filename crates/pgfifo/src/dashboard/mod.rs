@@ -98,6 +98,24 @@ pub fn router_with(pool: Pool, config: DashboardConfig) -> Router {
         .route("/actions/{action}", post(actions::act))
         .fallback(pages::not_found)
         .layer(axum::middleware::from_fn(security::csrf_cookie))
-        .layer(axum::middleware::from_fn(base::with_base))
+        .layer(axum::middleware::from_fn(with_base))
         .with_state(shared)
+}
+
+/// Middleware: works out the request's prefix (`base`; 400 if it is not
+/// plain) and keeps it for the pages of this request.
+async fn with_base(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let original = request.extensions().get::<axum::extract::OriginalUri>();
+    let Some(prefix) = base::base_of(request.uri(), original) else {
+        return fail::Fail::bad_request(
+            "the dashboard's mount path has characters it cannot link to",
+        )
+        .into_response();
+    };
+    request.extensions_mut().insert(base::Base(prefix.clone()));
+    base::scope(prefix, next.run(request)).await
 }
