@@ -59,7 +59,7 @@ use super::attempt::{run_attempt, Decided};
 use super::batching::Batching;
 use super::conn::{ConnectionLost, JobConn};
 use super::long;
-use super::write::{write, Written};
+use super::write::{write, Finished};
 use super::Lanes;
 use crate::db::pooler::is_transaction_pooled;
 use crate::db::runner::PickedJob;
@@ -70,50 +70,6 @@ use crate::runner::outcome::Done;
 /// handed back. Long enough to cover the normal wait for a handler to
 /// finish, short enough that groups do not sit locked behind a long job.
 const PERMIT_PATIENCE: Duration = Duration::from_secs(2);
-
-/// What running a pick's jobs left for the lane.
-pub(super) struct Finished {
-    /// The outcomes written, awaiting their COMMIT (none when the
-    /// transaction was rolled back).
-    pub(super) done: Vec<Done>,
-    /// Whether the lane must pick again at once rather than wait for a
-    /// wake-up: a group of these jobs has its next job ready (enqueues into
-    /// an active group wake nobody), jobs were handed back, or the
-    /// transaction was rolled back.
-    pub(super) again: bool,
-    /// Whether a group of these jobs has its next job ready now: the lane
-    /// has work of its own to come (see `lane.rs`).
-    pub(super) continues: bool,
-    /// How soon work these jobs left becomes ready by itself (a retry's
-    /// delay, a group's delayed next job): nobody is woken for it, so the
-    /// lane notes it for the timer once the outcomes commit.
-    pub(super) soon: Vec<Duration>,
-}
-
-impl Finished {
-    pub(super) fn rolled_back() -> Self {
-        Finished {
-            done: Vec::new(),
-            again: true,
-            continues: false,
-            soon: Vec::new(),
-        }
-    }
-}
-
-impl From<Written> for Finished {
-    fn from(written: Written) -> Self {
-        match written {
-            Written::Outcomes { done, left } => Finished {
-                done,
-                again: left.now,
-                continues: left.now,
-                soon: left.later,
-            },
-            Written::RolledBack => Finished::rolled_back(),
-        }
-    }
-}
 
 /// A picked job and the attempt recorded for it (`None`: not recorded yet,
 /// or the job has no attempts left).

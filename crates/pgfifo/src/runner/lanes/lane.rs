@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use super::batch::{run_batch, Finished};
+use super::batch::run_batch;
 use super::batching::Batching;
 use super::conn::{ConnectionLost, Heard, JobConn};
 use super::waiting::{connection, register, wait_for_work, Waiter};
+use super::write::Finished;
 use super::{promote_all, Lanes, Seeking};
 use crate::db::runner::{PickRequest, Picked, PickedJob};
 use crate::runner::jitter::{random_fraction, reconnect_backoff};

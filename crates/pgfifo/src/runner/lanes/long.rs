@@ -34,8 +34,8 @@ use tokio::sync::SemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::attempt::{run_handler, Ended, Guard};
-use super::batch::Finished;
 use super::conn::{ConnectionLost, JobConn};
+use super::write::Finished;
 use super::Lanes;
 use crate::db::error::is_connection_error;
 use crate::db::long_run::{self, Claim};

@@ -1,4 +1,7 @@
-//! Writing a batch's outcomes in its transaction; the lane commits them.
+//! Writing a batch's outcomes in its transaction; the lane commits them
+//! ([`Finished`] is what the batch leaves it).
+
+use std::time::Duration;
 
 use super::batching::Batching;
 use super::conn::{ConnectionLost, JobConn};
@@ -112,5 +115,49 @@ async fn refused(
         Err(rollback) => Err(ConnectionLost(format!(
             "{err}; then the rollback failed: {rollback}"
         ))),
+    }
+}
+
+/// What running a pick's jobs left for the lane.
+pub(super) struct Finished {
+    /// The outcomes written, awaiting their COMMIT (none when the
+    /// transaction was rolled back).
+    pub(super) done: Vec<Done>,
+    /// Whether the lane must pick again at once rather than wait for a
+    /// wake-up: a group of these jobs has its next job ready (enqueues into
+    /// an active group wake nobody), jobs were handed back, or the
+    /// transaction was rolled back.
+    pub(super) again: bool,
+    /// Whether a group of these jobs has its next job ready now: the lane
+    /// has work of its own to come (see `lane.rs`).
+    pub(super) continues: bool,
+    /// How soon work these jobs left becomes ready by itself (a retry's
+    /// delay, a group's delayed next job): nobody is woken for it, so the
+    /// lane notes it for the timer once the outcomes commit.
+    pub(super) soon: Vec<Duration>,
+}
+
+impl Finished {
+    pub(super) fn rolled_back() -> Self {
+        Finished {
+            done: Vec::new(),
+            again: true,
+            continues: false,
+            soon: Vec::new(),
+        }
+    }
+}
+
+impl From<Written> for Finished {
+    fn from(written: Written) -> Self {
+        match written {
+            Written::Outcomes { done, left } => Finished {
+                done,
+                again: left.now,
+                continues: left.now,
+                soon: left.later,
+            },
+            Written::RolledBack => Finished::rolled_back(),
+        }
     }
 }
