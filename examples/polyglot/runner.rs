@@ -24,42 +24,11 @@ use std::time::{Duration, Instant};
 
 use pgfifo::diesel;
 use pgfifo::diesel::sql_types::{BigInt, Text};
+
 use pgfifo::diesel::QueryableByName;
 use pgfifo::diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use pgfifo::{async_trait, Handler, Job, JobContext, JobError, RunnerConfig};
-use serde::{Deserialize, Serialize};
-
-/// One step of a tenant's work, as the Python and Node.js producers write
-/// it: `{"producer": "python", "tenant": "acme", "seq": 3}`.
-#[derive(Job, Serialize, Deserialize)]
-#[job(queue = "polyglot", kind = "polyglot.step", max_attempts = 3, backoff = "100ms")]
-struct Step {
-    producer: String,
-    tenant: String,
-    seq: i64,
-}
-
-#[async_trait]
-impl Handler for Step {
-    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        let id = ctx.id();
-        let group = ctx.group().unwrap_or("").to_owned();
-        // In the job's transaction: the row commits with the job's success.
-        diesel::sql_query(
-            "INSERT INTO polyglot_run (job_id, group_id, producer, seq) VALUES ($1, $2, $3, $4)",
-        )
-        .bind::<BigInt, _>(id)
-        .bind::<Text, _>(group)
-        .bind::<Text, _>(&self.producer)
-        .bind::<BigInt, _>(self.seq)
-        .execute(ctx.conn())
-        .await?;
-        Ok(())
-    }
-}
-
-const RUN_TABLE: &str = "CREATE TABLE polyglot_run (n bigserial PRIMARY KEY, job_id bigint NOT NULL, \
-     group_id text NOT NULL, producer text NOT NULL, seq bigint NOT NULL)";
+use pgfifo::RunnerConfig;
+use pgfifo_examples::polyglot::RUN_TABLE;
 
 #[derive(QueryableByName)]
 struct Count {
@@ -88,7 +57,12 @@ async fn count(conn: &mut AsyncPgConnection, sql: &str) -> Result<i64, diesel::r
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     pgfifo_examples::init_logging();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["prepare"] => prepare().await,
         ["run", url, "--expect", n] => run(url, n.parse()?).await,
         _ => {
@@ -99,8 +73,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn prepare() -> Result<(), Box<dyn std::error::Error>> {
-    let url = pgfifo_examples::fresh_database(&pgfifo_examples::server_url(), "pgfifo_polyglot")
-        .await?;
+    let url =
+        pgfifo_examples::fresh_database(&pgfifo_examples::server_url(), "pgfifo_polyglot").await?;
     let pool = pgfifo::connect(&url, 2).await?;
     pgfifo::migrate(&pool).await?;
     pool.get().await?.batch_execute(RUN_TABLE).await?;
@@ -111,9 +85,15 @@ async fn prepare() -> Result<(), Box<dyn std::error::Error>> {
 async fn run(url: &str, expect: i64) -> Result<(), Box<dyn std::error::Error>> {
     let pool = pgfifo::connect(url, 8).await?;
     let mut conn = pool.get_owned().await?;
-    let enqueued = count(&mut conn, "SELECT count(*) AS n FROM pgfifo.job WHERE queue = 'polyglot'").await?;
+    let enqueued = count(
+        &mut conn,
+        "SELECT count(*) AS n FROM pgfifo.job WHERE queue = 'polyglot'",
+    )
+    .await?;
     if enqueued != expect {
-        return fail(format!("expected {expect} jobs in queue polyglot, found {enqueued}"));
+        return fail(format!(
+            "expected {expect} jobs in queue polyglot, found {enqueued}"
+        ));
     }
     let started = Instant::now();
     let runner = pgfifo::runner::start(
@@ -173,7 +153,11 @@ async fn run(url: &str, expect: i64) -> Result<(), Box<dyn std::error::Error>> {
             .join(", "),
         elapsed.as_secs_f64(),
         groups.len(),
-        if runs.len() as i64 == expect && ran_ids.len() == runs.len() { "yes" } else { "no" },
+        if runs.len() as i64 == expect && ran_ids.len() == runs.len() {
+            "yes"
+        } else {
+            "no"
+        },
         if out_of_order.is_empty() { "yes" } else { "no" },
     );
     if not_succeeded != 0 {

@@ -513,3 +513,33 @@ async fn each_bad_field_is_a_clear_error_and_writes_nothing() {
     }
     assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job").await, 0);
 }
+
+/// What a producer in another language looks up: a registered type's kind,
+/// queue and defaults. A type that does not derive `schemars::JsonSchema`
+/// has no schema, and needs nothing to compile.
+#[test]
+fn job_types_describe_the_registered_types() {
+    let types = pgfifo::job_types().expect("valid registrations");
+    assert!(
+        types.windows(2).all(|w| w[0].kind < w[1].kind),
+        "sorted by kind"
+    );
+    let ours = types
+        .iter()
+        .find(|t| t.kind == "sql_api.job")
+        .expect("sql_api.job is registered");
+    assert_eq!(
+        *ours,
+        pgfifo::JobType {
+            kind: "sql_api.job".into(),
+            queue: "sql_api".into(),
+            rust_type: std::any::type_name::<SqlApiJob>().into(),
+            max_attempts: SqlApiJob::MAX_ATTEMPTS,
+            priority: 0,
+            timeout_ms: None,
+            backoff_ms: 1000,
+            long: false,
+            payload_schema: None,
+        }
+    );
+}

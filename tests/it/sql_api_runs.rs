@@ -249,8 +249,8 @@ async fn a_payload_from_sql_that_does_not_decode_fails_its_job_and_the_group_goe
         "{reason}"
     );
     assert!(
-        reason.contains("seq"),
-        "the reason names the field: {reason}"
+        reason.ends_with(r#"SqlApiRunsStep: seq: invalid type: string "one", expected i64"#),
+        "the reason names the field and what is wrong: {reason}"
     );
     assert_eq!(db.scalar("SELECT count(*) FROM sql_api_runs_log").await, 1);
 }

@@ -41,6 +41,18 @@ pub struct Registration {
     /// Runs in long mode ([`Job::LONG`](crate::Job::LONG)).
     pub(crate) long: bool,
     pub(crate) run: RunFn,
+    /// The JSON Schema of the payload, when the type has one (see
+    /// [`job_types`](crate::job_types)).
+    pub(crate) schema: crate::job_types::SchemaFn,
+}
+
+impl Registration {
+    /// The same registration with the payload's JSON Schema from `schema`
+    /// (the derive passes the type's schema probe).
+    pub const fn with_schema(mut self, schema: crate::job_types::SchemaFn) -> Self {
+        self.schema = schema;
+        self
+    }
 }
 
 inventory::collect!(Registration);
