@@ -19,6 +19,7 @@ mod enqueue_options;
 mod migrations;
 mod schema_check;
 mod sql_api;
+mod sql_api_bad_input;
 mod sql_api_runs;
 mod ungrouped;
 mod upgrade;

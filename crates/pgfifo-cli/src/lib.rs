@@ -4,20 +4,10 @@
 //! purge), sets the limits of groups, and lists and steers recurring jobs.
 //! A thin layer over `pgfifo::admin` and `pgfifo::migrate`.
 //!
-//! The `pgfifo` binary is this library's [`main`]. An application can build
-//! the same tool into a binary of its own, which then also knows the
-//! application's job types (`job-types` lists the types registered in the
-//! binary it runs in; the stand-alone `pgfifo` binary has none):
-//!
-//! ```no_run
-//! // src/bin/pgfifo.rs of the application
-//! extern crate my_app; // links the crate that defines the job types
-//! fn main() -> std::process::ExitCode {
-//!     pgfifo_cli::main()
-//! }
-//! ```
-//!
-//! See docs/enqueue-from-sql.md.
+//! The `pgfifo` binary is this library's [`main`]. An application's own
+//! binary that calls it (`fn main() -> ExitCode { pgfifo_cli::main() }`)
+//! has every command, and `job-types` lists the application's job types
+//! there: see docs/enqueue-from-sql.md.
 
 mod args;
 mod commands;

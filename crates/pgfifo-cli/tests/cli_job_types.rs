@@ -3,6 +3,8 @@
 //! and no database needed. (An application's own binary lists its types:
 //! `examples/tests/job_types.rs`.)
 
+// Each test binary uses part of the shared support.
+#[allow(dead_code, unused_imports)]
 mod support;
 
 use support::pgfifo;

@@ -35,7 +35,7 @@ pub const fn registration<T: Handler>() -> Registration {
         priority: T::PRIORITY,
         long: T::LONG,
         run: run_erased::<T>,
-        schema: crate::job_types::no_schema,
+        schema: crate::registry::no_schema,
     }
 }
 

@@ -15,14 +15,6 @@ use serde::Serialize;
 use crate::registry::Registry;
 use crate::Result;
 
-/// Gives the JSON Schema of a type's payload, or `None`.
-pub type SchemaFn = fn() -> Option<serde_json::Value>;
-
-/// The [`SchemaFn`] of a type without a schema.
-pub(crate) fn no_schema() -> Option<serde_json::Value> {
-    None
-}
-
 /// One registered job type.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobType {
