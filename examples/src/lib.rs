@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use pgfifo::diesel_async::SimpleAsyncConnection;
 
+pub mod polyglot;
 pub mod throwaway_pg;
 
 use throwaway_pg::ThrowawayPg;

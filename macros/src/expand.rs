@@ -74,8 +74,17 @@ fn expand(job: &Input<'_>) -> TokenStream {
                 const LONG: bool = #long;
             }
 
+            // The payload's JSON Schema, when the type has one
+            // (`pgfifo::job_types`): found by method resolution on the
+            // concrete type, so a type without one needs nothing.
+            fn __pgfifo_payload_schema() -> ::core::option::Option<::pgfifo::__private::JsonValue> {
+                #[allow(unused_imports)]
+                use ::pgfifo::__private::{NoPayloadSchema as _, PayloadSchema as _};
+                (&::pgfifo::__private::SchemaProbe::<#ident>::new()).payload_schema()
+            }
+
             ::pgfifo::__private::inventory::submit! {
-                #registration
+                #registration.with_schema(__pgfifo_payload_schema)
             }
         };
     }
@@ -125,8 +134,10 @@ mod tests {
                 "const BACKOFF: ::core::time::Duration = \
                  ::core::time::Duration::from_millis(1000);",
                 "const PRIORITY: i16 = 0;",
+                "SchemaProbe::<MyJob>::new()).payload_schema()",
                 "::pgfifo::__private::inventory::submit! { \
-                 ::pgfifo::__private::registration::<MyJob>() }",
+                 ::pgfifo::__private::registration::<MyJob>() \
+                 .with_schema(__pgfifo_payload_schema) }",
             ],
         );
         assert!(!out.contains("compile_error"));

@@ -18,6 +18,9 @@ mod enqueue_no_wait;
 mod enqueue_options;
 mod migrations;
 mod schema_check;
+mod sql_api;
+mod sql_api_bad_input;
+mod sql_api_runs;
 mod ungrouped;
 mod upgrade;
 

@@ -35,6 +35,7 @@ pub const fn registration<T: Handler>() -> Registration {
         priority: T::PRIORITY,
         long: T::LONG,
         run: run_erased::<T>,
+        schema: crate::registry::no_schema,
     }
 }
 
@@ -46,8 +47,15 @@ fn run_erased<'a, 'b, T: Handler>(
 ) -> BoxFuture<'a, Result<(), JobError>> {
     Box::pin(async move {
         let job = T::deserialize(payload).map_err(|err| {
+            // Again, on the failure path only, to name where it went wrong
+            // (`items[2].qty: invalid type…`): the payload may come from a
+            // producer in another language (docs/enqueue-from-sql.md).
+            let detail = match serde_path_to_error::deserialize::<_, T>(payload) {
+                Err(located) if located.path().to_string() != "." => located.to_string(),
+                _ => err.to_string(),
+            };
             JobError::permanent(format!(
-                "the payload does not deserialize into {}: {err}",
+                "the payload does not deserialize into {}: {detail}",
                 std::any::type_name::<T>()
             ))
         })?;

@@ -58,6 +58,7 @@ mod error;
 mod handler;
 mod job;
 mod job_error;
+mod job_types;
 pub mod migrate;
 mod names;
 mod registry;
@@ -82,6 +83,7 @@ pub use error::{Error, RegistrationProblem, Result, ScheduleProblem};
 pub use handler::Handler;
 pub use job::Job;
 pub use job_error::{FailureKind, JobError};
+pub use job_types::{job_types, JobType};
 pub use migrate::migrate;
 pub use names::{MAX_GROUP_LEN, MAX_KIND_LEN, MAX_QUEUE_LEN};
 pub use runner::{Retention, RunnerConfig, RunnerHandle};
@@ -98,6 +100,8 @@ pub type JobId = i64;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::handler::registration;
+    pub use crate::job_types::{NoPayloadSchema, PayloadSchema, SchemaProbe};
     pub use crate::registry::Registration;
     pub use inventory;
+    pub use serde_json::Value as JsonValue;
 }

@@ -127,6 +127,7 @@ macro_rules! function_sources {
 pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "00_helpers.sql",
     "10_enqueue.sql",
+    "12_add_job.sql",
     "15_controls.sql",
     "20_promote.sql",
     "30_advance_head.sql",

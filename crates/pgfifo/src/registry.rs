@@ -41,6 +41,27 @@ pub struct Registration {
     /// Runs in long mode ([`Job::LONG`](crate::Job::LONG)).
     pub(crate) long: bool,
     pub(crate) run: RunFn,
+    /// The JSON Schema of the payload, when the type has one (see
+    /// [`job_types`](crate::job_types)).
+    pub(crate) schema: SchemaFn,
+}
+
+impl Registration {
+    /// The same registration with the payload's JSON Schema from `schema`
+    /// (the derive passes the type's schema probe).
+    pub const fn with_schema(mut self, schema: SchemaFn) -> Self {
+        self.schema = schema;
+        self
+    }
+}
+
+/// Gives the JSON Schema of a type's payload, or `None` (see
+/// [`job_types`](crate::job_types)).
+pub type SchemaFn = fn() -> Option<serde_json::Value>;
+
+/// The [`SchemaFn`] of a type without a schema.
+pub(crate) fn no_schema() -> Option<serde_json::Value> {
+    None
 }
 
 inventory::collect!(Registration);

@@ -3,6 +3,7 @@
 
 pub mod dashboard;
 pub mod inspect;
+pub mod job_types;
 pub mod limits;
 pub mod migrate;
 pub mod ops;

@@ -1,0 +1,284 @@
+-- The SQL API for producers in other languages: pgfifo.add_job (one job)
+-- and pgfifo.add_jobs (many), documented in docs/enqueue-from-sql.md.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made.
+--
+-- STABLE: the signatures of add_job and add_jobs, their parameter names,
+-- their defaults and the meaning of each field are a public interface that
+-- applications in other languages call. They follow docs/upgrading.md's
+-- rules: a change of arguments is a new overload beside the old one, which
+-- stays for at least one release; a new optional parameter goes last, with
+-- a default that keeps the old meaning. Bad input raises SQLSTATE 22023
+-- (invalid_parameter_value) with the constraint name pgfifo_bad_job and the
+-- offending field in the error's COLUMN field; those stay too.
+--
+-- Both wrap pgfifo.enqueue, the entry point of pgfifo's Rust client, after
+-- checking each field by the rules the Rust client applies before it calls
+-- enqueue (crates/pgfifo/src/enqueue.rs, names.rs, registry.rs): they run in
+-- the caller's transaction, need READ COMMITTED as enqueue does, and write
+-- nothing when a field is bad (the error ends the statement before enqueue
+-- runs).
+
+-- Checks one job's fields and returns them as pgfifo.enqueue takes them.
+-- p_where names the job in messages ('' for add_job, 'jobs[3].' for the
+-- fourth element of add_jobs). Internal: called by add_job and add_jobs.
+CREATE OR REPLACE FUNCTION pgfifo.add_job_checked(
+    p_where        text,
+    p_kind         text,
+    p_queue        text,
+    p_payload      jsonb,
+    p_group_id     text,
+    p_run_at       timestamptz,
+    p_delay        interval,
+    p_priority     integer,
+    p_unique_key   text,
+    p_max_attempts integer,
+    OUT priority     smallint,
+    OUT max_attempts integer,
+    OUT run_at_us    bigint,
+    OUT delay_us     bigint
+)
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_field   text;
+    v_problem text;
+    v_us      numeric;
+    v_at      timestamptz;
+BEGIN
+    IF p_kind IS NULL OR octet_length(p_kind) NOT BETWEEN 1 AND 256 THEN
+        v_field := 'kind';
+        v_problem := 'must be a job kind of 1 to 256 bytes (the `kind` of a job type, '
+                     || 'its Rust type name unless #[job(kind = "...")] says otherwise)';
+    ELSIF p_queue IS NULL OR octet_length(p_queue) NOT BETWEEN 1 AND 128 THEN
+        v_field := 'queue';
+        v_problem := 'must be a queue name of 1 to 128 bytes';
+    ELSIF p_payload IS NULL THEN
+        v_field := 'payload';
+        v_problem := 'must be a JSON value (SQL NULL given; the JSON null is ''null''::jsonb)';
+    ELSIF p_group_id IS NOT NULL AND octet_length(p_group_id) NOT BETWEEN 1 AND 256 THEN
+        v_field := 'group_id';
+        v_problem := 'must be NULL (an ungrouped job) or a group name of 1 to 256 bytes';
+    ELSIF p_run_at IS NOT NULL AND p_delay IS NOT NULL THEN
+        v_field := 'run_at';
+        v_problem := 'and delay are both given: give one of them, or neither (run now)';
+    ELSIF p_run_at IS NOT NULL AND NOT isfinite(p_run_at) THEN
+        v_field := 'run_at';
+        v_problem := 'must be a finite time';
+    ELSIF p_delay IS NOT NULL AND NOT isfinite(p_delay) THEN
+        v_field := 'delay';
+        v_problem := 'must be a finite interval';
+    ELSIF p_delay IS NOT NULL AND p_delay < interval '0' THEN
+        v_field := 'delay';
+        v_problem := 'must not be negative';
+    ELSIF p_priority IS NOT NULL AND p_priority NOT BETWEEN -32768 AND 32767 THEN
+        v_field := 'priority';
+        v_problem := 'must be between -32768 and 32767';
+    ELSIF p_unique_key IS NOT NULL AND octet_length(p_unique_key) NOT BETWEEN 1 AND 256 THEN
+        v_field := 'unique_key';
+        v_problem := 'must be NULL (none) or a key of 1 to 256 bytes';
+    ELSIF p_max_attempts IS NOT NULL AND p_max_attempts < 1 THEN
+        v_field := 'max_attempts';
+        v_problem := 'must be at least 1';
+    END IF;
+    IF v_field IS NULL AND p_delay IS NOT NULL THEN
+        v_us := extract(epoch FROM p_delay) * 1000000;
+        BEGIN
+            v_at := now() + p_delay;
+        EXCEPTION WHEN datetime_field_overflow THEN
+            v_at := NULL;
+        END;
+        IF v_at IS NULL OR v_us > 9223372036854775807 THEN
+            v_field := 'delay';
+            v_problem := 'is too long';
+        END IF;
+    END IF;
+    IF v_field IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfifo: % %', p_where || v_field, v_problem
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                  COLUMN = v_field;
+    END IF;
+    priority := coalesce(p_priority, 0);
+    max_attempts := coalesce(p_max_attempts, 5);
+    run_at_us := (extract(epoch FROM p_run_at) * 1000000)::bigint;
+    delay_us := round(v_us)::bigint;
+END
+$$;
+
+-- Enqueues one job and returns its id (for a unique key that an unfinished
+-- job of the queue holds, that job's id, and nothing is written). Call it
+-- with named parameters:
+--
+--   SELECT pgfifo.add_job(kind => 'SendEmail', queue => 'mail',
+--                         payload => '{"to": "a@example.com"}',
+--                         group_id => 'tenant-42');
+--
+-- kind, queue and payload are required; the rest default to: no group (an
+-- ungrouped job), run now, priority 0, no unique key, 5 attempts (the
+-- defaults of #[derive(Job)]; a type's own attributes are not known here:
+-- `pgfifo job-types --json` prints them). NULL in an optional parameter
+-- means its default.
+CREATE OR REPLACE FUNCTION pgfifo.add_job(
+    kind         text,
+    queue        text,
+    payload      jsonb,
+    group_id     text        DEFAULT NULL,
+    run_at       timestamptz DEFAULT NULL,
+    delay        interval    DEFAULT NULL,
+    priority     integer     DEFAULT NULL,
+    unique_key   text        DEFAULT NULL,
+    max_attempts integer     DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v record;
+BEGIN
+    SELECT * INTO v
+    FROM pgfifo.add_job_checked('', add_job.kind, add_job.queue, add_job.payload,
+                                add_job.group_id, add_job.run_at, add_job.delay,
+                                add_job.priority, add_job.unique_key, add_job.max_attempts);
+    RETURN (pgfifo.enqueue(ARRAY[add_job.queue], ARRAY[add_job.group_id], ARRAY[add_job.kind],
+                           ARRAY[add_job.payload], ARRAY[v.priority], ARRAY[v.max_attempts],
+                           ARRAY[add_job.unique_key], ARRAY[v.run_at_us],
+                           ARRAY[v.delay_us]))[1];
+END
+$$;
+
+-- Enqueues many jobs in one call and returns their ids in input order (see
+-- add_job for a unique key that is taken). jobs is a JSON array of objects
+-- with the fields of add_job:
+--
+--   SELECT pgfifo.add_jobs(jobs => '[
+--     {"kind": "SendEmail", "queue": "mail", "payload": {"to": "a@example.com"},
+--      "group_id": "tenant-42"},
+--     {"kind": "SendEmail", "queue": "mail", "payload": {"to": "b@example.com"},
+--      "group_id": "tenant-42", "delay": "5 minutes", "priority": 3}
+--   ]');
+--
+-- run_at is a time as PostgreSQL reads timestamptz ("2030-01-02T03:04:05Z");
+-- delay an interval ("90 seconds", "PT90S") or a number of seconds. Jobs of
+-- one group are ordered as given. A field that is not one of add_job's is an
+-- error (a misspelt field would otherwise be dropped silently), and so is
+-- any bad field of any job: then no job is written.
+CREATE OR REPLACE FUNCTION pgfifo.add_jobs(jobs jsonb) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_fields constant text[] := ARRAY['kind', 'queue', 'payload', 'group_id', 'run_at', 'delay',
+                                      'priority', 'unique_key', 'max_attempts'];
+    v_n      integer;
+    v_i      integer;
+    v_job    jsonb;
+    v_where  text;
+    v_key    text;
+    v_text   text[];
+    v_at     timestamptz;
+    v_delay  interval;
+    v_int    integer[];
+    v        record;
+    a_queue  text[] := '{}';
+    a_group  text[] := '{}';
+    a_kind   text[] := '{}';
+    a_pay    jsonb[] := '{}';
+    a_prio   smallint[] := '{}';
+    a_max    integer[] := '{}';
+    a_key    text[] := '{}';
+    a_at     bigint[] := '{}';
+    a_delay  bigint[] := '{}';
+BEGIN
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
+        RAISE EXCEPTION 'pgfifo: jobs must be a JSON array of objects (got %)',
+            coalesce(jsonb_typeof(jobs), 'SQL NULL')
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                  COLUMN = 'jobs';
+    END IF;
+    v_n := jsonb_array_length(jobs);
+    FOR v_i IN 0 .. v_n - 1 LOOP
+        v_job := jobs -> v_i;
+        v_where := format('jobs[%s].', v_i);
+        IF jsonb_typeof(v_job) <> 'object' THEN
+            RAISE EXCEPTION 'pgfifo: jobs[%] must be a JSON object (got %)', v_i, jsonb_typeof(v_job)
+                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                      COLUMN = 'jobs';
+        END IF;
+        SELECT k INTO v_key FROM jsonb_object_keys(v_job) AS k WHERE k <> ALL (v_fields) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'pgfifo: % is not a field of a job (the fields: %)',
+                v_where || v_key, array_to_string(v_fields, ', ')
+                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                      COLUMN = v_key;
+        END IF;
+        -- Text and number fields: JSON null is absent; another JSON type is an error.
+        v_text := '{}';
+        FOREACH v_key IN ARRAY ARRAY['kind', 'queue', 'group_id', 'unique_key', 'run_at'] LOOP
+            IF jsonb_typeof(v_job -> v_key) NOT IN ('string', 'null') THEN
+                RAISE EXCEPTION 'pgfifo: % must be a JSON string (got %)',
+                    v_where || v_key, jsonb_typeof(v_job -> v_key)
+                    USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                          COLUMN = v_key;
+            END IF;
+            v_text := v_text || (v_job ->> v_key);
+        END LOOP;
+        v_int := '{}';
+        FOREACH v_key IN ARRAY ARRAY['priority', 'max_attempts'] LOOP
+            IF jsonb_typeof(v_job -> v_key) NOT IN ('number', 'null')
+               OR (jsonb_typeof(v_job -> v_key) = 'number'
+                   AND ((v_job ->> v_key)::numeric <> trunc((v_job ->> v_key)::numeric)
+                        OR abs((v_job ->> v_key)::numeric) > 2147483647)) THEN
+                RAISE EXCEPTION 'pgfifo: % must be a whole number (got %)',
+                    v_where || v_key, v_job -> v_key
+                    USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                          COLUMN = v_key;
+            END IF;
+            v_int := v_int || (v_job ->> v_key)::numeric::integer;
+        END LOOP;
+        BEGIN
+            v_at := (v_text[5])::timestamptz;
+        EXCEPTION WHEN data_exception THEN
+            RAISE EXCEPTION 'pgfifo: %run_at must be a time such as "2030-01-02T03:04:05Z" (got %)',
+                v_where, to_jsonb(v_text[5])
+                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                      COLUMN = 'run_at';
+        END;
+        BEGIN
+            IF coalesce(jsonb_typeof(v_job -> 'delay'), 'null') NOT IN ('number', 'string', 'null') THEN
+                RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            v_delay := CASE jsonb_typeof(v_job -> 'delay')
+                WHEN 'number' THEN (v_job ->> 'delay')::double precision * interval '1 second'
+                WHEN 'string' THEN (v_job ->> 'delay')::interval
+                END;
+        EXCEPTION WHEN data_exception THEN
+            RAISE EXCEPTION 'pgfifo: %delay must be an interval such as "90 seconds" or a number of seconds (got %)',
+                v_where, v_job -> 'delay'
+                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                      COLUMN = 'delay';
+        END;
+        IF NOT (v_job ? 'payload') THEN
+            RAISE EXCEPTION 'pgfifo: %payload is missing (a job without data has the payload null or {})',
+                v_where
+                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                      COLUMN = 'payload';
+        END IF;
+        SELECT * INTO v
+        FROM pgfifo.add_job_checked(v_where, v_text[1], v_text[2], v_job -> 'payload', v_text[3],
+                                    v_at, v_delay, v_int[1], v_text[4], v_int[2]);
+        a_kind  := a_kind || v_text[1];
+        a_queue := a_queue || v_text[2];
+        a_pay   := a_pay || (v_job -> 'payload');
+        a_group := a_group || v_text[3];
+        a_key   := a_key || v_text[4];
+        a_prio  := a_prio || v.priority;
+        a_max   := a_max || v.max_attempts;
+        a_at    := a_at || v.run_at_us;
+        a_delay := a_delay || v.delay_us;
+    END LOOP;
+    IF v_n = 0 THEN
+        RETURN '{}';
+    END IF;
+    RETURN pgfifo.enqueue(a_queue, a_group, a_kind, a_pay, a_prio, a_max, a_key, a_at, a_delay);
+END
+$$;
