@@ -28,7 +28,7 @@ fi
 
 if [ ! -f "$cache/built" ]; then
     need=()
-    for p in postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev libssl-dev \
+    for p in gcc make patch postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev libssl-dev \
         libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev; do
         dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
     done
