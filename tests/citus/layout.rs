@@ -6,10 +6,14 @@
 //! These are the facts the layout stands on; if a Citus release changes
 //! one of them, the plan must change, and this test says which.
 
+use std::time::Duration;
+
 use diesel::sql_types::Integer;
 use diesel::QueryableByName;
-use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use pgfifo_tests::citus::Cluster;
+use pgfifo_tests::eventually;
 use pgfifo_tests::query::{scalar, text};
 
 /// The miniature: 32 shards, 1024 buckets, 400 groups of 5 jobs.
@@ -57,7 +61,7 @@ const SCHEMA: &str = "
     END $$;
 ";
 
-#[derive(QueryableByName)]
+#[derive(QueryableByName, Debug)]
 struct Pick {
     #[diesel(sql_type = Integer)]
     port: i32,
@@ -153,6 +157,35 @@ async fn a_bucket_pick_runs_on_one_shard_and_buckets_spread_over_both_workers() 
         holder(&mut conn, bucket).await,
         "the pick was not delegated to the worker holding its bucket"
     );
+    // In a transaction block (a job's transaction) the call in FROM is
+    // delegated too, and the row locks it takes on the worker last until
+    // the coordinator's transaction ends: a second pick of the bucket skips
+    // the group meanwhile, and gets it once the first rolls back.
+    conn.batch_execute("BEGIN").await.expect("begin");
+    let in_block: Pick = diesel::sql_query("SELECT port, job_id FROM probe.pick($1)")
+        .bind::<Integer, _>(bucket)
+        .get_result(&mut conn)
+        .await
+        .expect("pick in a transaction block");
+    assert_eq!(i64::from(in_block.port), holder(&mut conn, bucket).await);
+    assert_eq!(in_block.job_id, delegated.job_id);
+    let mut other = cluster.coordinator_conn().await.expect("coordinator");
+    let meanwhile: Vec<Pick> = diesel::sql_query("SELECT port, job_id FROM probe.pick($1)")
+        .bind::<Integer, _>(bucket)
+        .load(&mut other)
+        .await
+        .expect("a second pick");
+    assert!(
+        meanwhile.iter().all(|p| p.job_id != in_block.job_id),
+        "a second pick got a job whose group the first holds: {meanwhile:?}"
+    );
+    conn.batch_execute("ROLLBACK").await.expect("rollback");
+    let after: Pick = diesel::sql_query("SELECT port, job_id FROM probe.pick($1)")
+        .bind::<Integer, _>(bucket)
+        .get_result(&mut other)
+        .await
+        .expect("a pick after the rollback");
+    assert_eq!(after.job_id, in_block.job_id);
 
     // 4. Groups spread by bucket: each worker holds 35–65 % of the jobs.
     let total = scalar(&mut conn, "SELECT count(*) FROM probe.job").await;
@@ -179,4 +212,53 @@ async fn a_bucket_pick_runs_on_one_shard_and_buckets_spread_over_both_workers() 
             share * 100.0
         );
     }
+
+    // 5. A worker that stops takes its buckets with it: picks of the other
+    //    worker's buckets go on, and the stopped worker's buckets come back
+    //    with it.
+    let mut on = [None, None];
+    for g in 1..=400 {
+        let bucket =
+            i32::try_from(scalar(&mut conn, &format!("SELECT probe.bucket('q', 'g{g}')")).await)
+                .expect("bucket fits");
+        let port = holder(&mut conn, bucket).await;
+        let i = usize::from(port != workers[0]);
+        on[i].get_or_insert(bucket);
+    }
+    let [Some(on_stopped), Some(on_running)] = on else {
+        panic!("no group on one of the workers: {on:?}");
+    };
+    cluster.workers[0].stop_fast().expect("stop worker 1");
+    let running: Pick = diesel::sql_query("SELECT port, job_id FROM probe.pick($1)")
+        .bind::<Integer, _>(on_running)
+        .get_result(&mut conn)
+        .await
+        .expect("a pick on the running worker");
+    assert_eq!(i64::from(running.port), workers[1]);
+    let failed = diesel::sql_query("SELECT port, job_id FROM probe.pick($1)")
+        .bind::<Integer, _>(on_stopped)
+        .load::<Pick>(&mut conn)
+        .await;
+    assert!(failed.is_err(), "a pick of a stopped worker's bucket ran");
+    cluster.workers[0].start().expect("restart worker 1");
+    let url = cluster.url();
+    let back = eventually(
+        "a pick on the restarted worker",
+        Duration::from_secs(60),
+        || {
+            let url = url.clone();
+            async move {
+                let mut conn = AsyncPgConnection::establish(&url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                diesel::sql_query("SELECT port, job_id FROM probe.pick($1)")
+                    .bind::<Integer, _>(on_stopped)
+                    .get_result::<Pick>(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
+    assert_eq!(i64::from(back.port), workers[0]);
 }
