@@ -51,6 +51,23 @@ const SCHEMA: &str = "
     END $$;
     SELECT create_distributed_function('probe.pick(integer)', 'p_bucket',
                                        colocate_with := 'probe.queue_group');
+    -- The per-shard pick: the same over every bucket of one shard, called
+    -- with one of them for the delegation.
+    CREATE FUNCTION probe.pick_shard(p_bucket integer, p_buckets integer[])
+    RETURNS TABLE (port integer, job_id bigint)
+    LANGUAGE plpgsql AS $$
+    DECLARE v_group record;
+    BEGIN
+        SELECT g.bucket, g.queue, g.group_id, g.head_seq INTO v_group FROM probe.queue_group AS g
+        WHERE g.bucket = ANY (p_buckets) AND g.head_seq IS NOT NULL
+        ORDER BY g.group_id LIMIT 1 FOR UPDATE SKIP LOCKED;
+        RETURN QUERY SELECT inet_server_port(), j.id FROM probe.job AS j
+        WHERE j.bucket = v_group.bucket AND j.queue = v_group.queue
+          AND j.group_id = v_group.group_id AND j.seq = v_group.head_seq
+        FOR UPDATE SKIP LOCKED;
+    END $$;
+    SELECT create_distributed_function('probe.pick_shard(integer, integer[])', 'p_bucket',
+                                       colocate_with := 'probe.queue_group');
     -- EXPLAIN as rows of text, for the plan's task count.
     CREATE FUNCTION probe.explain(p_query text) RETURNS SETOF text LANGUAGE plpgsql AS $$
     DECLARE v_line text;
@@ -81,6 +98,16 @@ async fn holder(conn: &mut AsyncPgConnection, bucket: i32) -> i64 {
     .await
 }
 
+/// A query for the buckets (of 0..1024) on the shard of `bucket`, as an
+/// array literal.
+fn buckets_of_shard_of(bucket: i32) -> String {
+    format!(
+        "SELECT array_agg(b ORDER BY b)::text FROM generate_series(0, 1023) AS b
+         WHERE get_shard_id_for_distribution_column('probe.queue_group', b)
+             = get_shard_id_for_distribution_column('probe.queue_group', {bucket})"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn a_bucket_pick_runs_on_one_shard_and_buckets_spread_over_both_workers() {
@@ -108,6 +135,28 @@ async fn a_bucket_pick_runs_on_one_shard_and_buckets_spread_over_both_workers() 
     assert!(
         plan.contains("Task Count: 1"),
         "the bucket's pick is not a single-shard query:\n{plan}"
+    );
+
+    // 1b. So is one that names every bucket of one shard (about 32 of the
+    //     1024): a runner can visit shards, not buckets.
+    let bucket = i32::try_from(scalar(&mut conn, "SELECT probe.bucket('q', 'g1')").await)
+        .expect("bucket fits");
+    let shard_buckets = text(&mut conn, &buckets_of_shard_of(bucket))
+        .await
+        .expect("the shard's buckets");
+    let plan = text(
+        &mut conn,
+        &format!(
+            "SELECT string_agg(p, E'\\n') FROM probe.explain(
+                 'SELECT group_id FROM probe.queue_group WHERE bucket = ANY (''{shard_buckets}'')
+                  AND head_seq IS NOT NULL LIMIT 1 FOR UPDATE SKIP LOCKED') AS p"
+        ),
+    )
+    .await
+    .unwrap_or_default();
+    assert!(
+        plan.contains("Task Count: 1"),
+        "the pick over one shard's buckets is not a single-shard query:\n{plan}"
     );
 
     // 2. The same without the bucket is refused: a pick across buckets
@@ -145,8 +194,6 @@ async fn a_bucket_pick_runs_on_one_shard_and_buckets_spread_over_both_workers() 
         }
     }
     // One bucket that surely has a group: that of g1.
-    let bucket = i32::try_from(scalar(&mut conn, "SELECT probe.bucket('q', 'g1')").await)
-        .expect("bucket fits");
     let delegated: Pick = diesel::sql_query("SELECT port, job_id FROM probe.pick($1)")
         .bind::<Integer, _>(bucket)
         .get_result(&mut conn)
@@ -157,6 +204,40 @@ async fn a_bucket_pick_runs_on_one_shard_and_buckets_spread_over_both_workers() 
         holder(&mut conn, bucket).await,
         "the pick was not delegated to the worker holding its bucket"
     );
+    // The per-shard pick is delegated the same way and finds g1's job among
+    // its shard's buckets.
+    let shard_pick: Vec<Pick> =
+        diesel::sql_query("SELECT port, job_id FROM probe.pick_shard($1, $2)")
+            .bind::<Integer, _>(bucket)
+            .bind::<diesel::sql_types::Array<Integer>, _>(
+                shard_buckets
+                    .trim_matches(|c| c == '{' || c == '}')
+                    .split(',')
+                    .map(|b| b.parse::<i32>().expect("a bucket"))
+                    .collect::<Vec<i32>>(),
+            )
+            .load(&mut conn)
+            .await
+            .expect("pick of g1's shard");
+    assert_eq!(shard_pick.len(), 1, "{shard_pick:?}");
+    assert_eq!(
+        i64::from(shard_pick[0].port),
+        holder(&mut conn, bucket).await,
+        "the per-shard pick was not delegated to the worker holding the shard"
+    );
+    assert_eq!(
+        scalar(
+            &mut conn,
+            &format!(
+                "SELECT count(*) FROM probe.job WHERE id = {} AND bucket = ANY ('{shard_buckets}')",
+                shard_pick[0].job_id
+            )
+        )
+        .await,
+        1,
+        "the per-shard pick returned a job of another shard"
+    );
+
     // In a transaction block (a job's transaction) the call in FROM is
     // delegated too, and the row locks it takes on the worker last until
     // the coordinator's transaction ends: a second pick of the bucket skips
