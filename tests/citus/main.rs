@@ -8,6 +8,9 @@
 //! * `coordinator`: pgfifo's schema migrated through the coordinator's URL,
 //!   unchanged (its tables stay on the coordinator), with the guarantees
 //!   that matter checked through the public API.
+//! * `faults`: three `fifo-worker` processes through the coordinator, one
+//!   killed with `kill -9` and replaced, one Citus worker node restarted:
+//!   nothing lost, nothing twice, every group in order, no overlaps.
 //! * `layout`: the premises of the distributed layout that docs/scaling.md
 //!   describes, checked on the real cluster: a pick that names its bucket
 //!   runs on one shard, a pick that does not is refused, a distributed
@@ -15,5 +18,6 @@
 //!   groups hashed to buckets spread over both workers.
 
 mod coordinator;
+mod faults;
 mod jobs;
 mod layout;
