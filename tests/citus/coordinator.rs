@@ -20,7 +20,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// A started cluster with pgfifo migrated through the coordinator's URL and
 /// the log table created.
-async fn migrated_cluster() -> (Cluster, AsyncPgConnection) {
+pub(crate) async fn migrated_cluster() -> (Cluster, AsyncPgConnection) {
     let cluster = Cluster::start().await.expect("start the Citus cluster");
     let mut conn = cluster.coordinator_conn().await.expect("coordinator");
     pgfifo::migrate::migrate_conn(&mut conn)
@@ -30,12 +30,12 @@ async fn migrated_cluster() -> (Cluster, AsyncPgConnection) {
     (cluster, conn)
 }
 
-async fn count(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
+pub(crate) async fn count(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
     scalar(conn, sql).await
 }
 
 /// Waits until `sql` (a bigint) equals `expected`.
-async fn wait_for(url: &str, sql: &str, expected: i64) {
+pub(crate) async fn wait_for(url: &str, sql: &str, expected: i64) {
     eventually(sql, LIMIT, || async {
         let mut conn = AsyncPgConnection::establish(url)
             .await
@@ -50,11 +50,12 @@ async fn wait_for(url: &str, sql: &str, expected: i64) {
     .await
 }
 
-fn job(group: &str, seq: i64, fail_first: bool) -> NewJob {
+pub(crate) fn job(group: &str, seq: i64, fail_first: bool) -> NewJob {
     let job = LogJob {
         group: group.to_owned(),
         seq,
         fail_first,
+        hold_ms: 0,
     };
     NewJob::new(&job, EnqueueOptions::group(group)).expect("new job")
 }
@@ -191,6 +192,7 @@ async fn transactional_enqueue_unique_keys_delays_and_pause() {
         group: "tx".into(),
         seq,
         fail_first: false,
+        hold_ms: 0,
     };
     conn.batch_execute("BEGIN; INSERT INTO app_order VALUES (1)")
         .await
@@ -209,6 +211,7 @@ async fn transactional_enqueue_unique_keys_delays_and_pause() {
             group: "uniq".into(),
             seq,
             fail_first: false,
+            hold_ms: 0,
         };
         NewJob::new(&job, EnqueueOptions::group("uniq").unique_key("once")).expect("new job")
     };
@@ -225,6 +228,7 @@ async fn transactional_enqueue_unique_keys_delays_and_pause() {
         group: "later".into(),
         seq: 0,
         fail_first: false,
+        hold_ms: 0,
     };
     let delayed_id = delayed
         .enqueue_with(

@@ -6,14 +6,16 @@ use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 
 /// Appends `(group, seq, job, attempt)` with the database clock's start and
-/// end to `citus_log`, in the job's transaction; a job with `fail_first`
-/// fails its first attempt (its row is rolled back with it).
+/// end to `citus_log`, in the job's transaction, after `hold_ms` of work
+/// (2 ms when 0); a job with `fail_first` fails its first attempt (its row
+/// is rolled back with it).
 #[derive(Job, Serialize, Deserialize, Debug, Clone)]
 #[job(queue = "citus", max_attempts = 3, backoff = "20ms")]
 pub struct LogJob {
     pub group: String,
     pub seq: i64,
     pub fail_first: bool,
+    pub hold_ms: u64,
 }
 
 #[async_trait]
@@ -32,7 +34,7 @@ impl Handler for LogJob {
         .await?;
         // A few milliseconds of work, so that runs of different groups
         // overlap and a second run of one group would be seen.
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(self.hold_ms.max(2))).await;
         diesel::sql_query(
             "UPDATE citus_log SET ended_at = clock_timestamp() WHERE job_id = $1 AND attempt = $2",
         )

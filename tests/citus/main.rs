@@ -8,6 +8,7 @@
 //! * `coordinator`: pgfifo's schema migrated through the coordinator's URL,
 //!   unchanged (its tables stay on the coordinator), with the guarantees
 //!   that matter checked through the public API.
+//! * `controls`: a group of concurrency 3 and the failure policy 'hold'.
 //! * `faults`: three `fifo-worker` processes through the coordinator, one
 //!   killed with `kill -9` and replaced, one Citus worker node restarted:
 //!   nothing lost, nothing twice, every group in order, no overlaps.
@@ -17,6 +18,7 @@
 //!   function called with its bucket runs on the worker holding it, and
 //!   groups hashed to buckets spread over both workers.
 
+mod controls;
 mod coordinator;
 mod faults;
 mod jobs;
