@@ -14,6 +14,19 @@ tarball="$(ls "$vendor"/citus-*.tar.gz | head -1)"
 patch_file="$vendor/pg15.20-have_createdb_privilege.patch"
 [ -f "$tarball" ] || { echo "citus-build: no citus-*.tar.gz in $vendor" >&2; exit 1; }
 
+# The build's dependencies first: pg_config itself comes with them, and
+# installing the server headers can upgrade (and restart) the server package,
+# so this runs before any test starts. dpkg -s keeps it cheap when present.
+need=()
+for p in gcc make patch postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev libssl-dev \
+    libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    echo "citus-build: installing ${need[*]}"
+    apt-get install -y "${need[@]}" >/dev/null \
+        || { apt-get update >/dev/null && apt-get install -y "${need[@]}" >/dev/null; }
+fi
 pg_config="${PG_CONFIG:-pg_config}"
 libdir="$("$pg_config" --pkglibdir)"
 sum="$(sha256sum "$tarball" | cut -c1-16)"
@@ -27,16 +40,6 @@ if [ -f "$cache/built" ] && [ -f "$libdir/citus.so" ] \
 fi
 
 if [ ! -f "$cache/built" ]; then
-    need=()
-    for p in gcc make patch postgresql-server-dev-15 liblz4-dev libzstd-dev libkrb5-dev libssl-dev \
-        libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev; do
-        dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-    done
-    if [ ${#need[@]} -gt 0 ]; then
-        echo "citus-build: installing ${need[*]}"
-        apt-get install -y "${need[@]}" >/dev/null \
-            || { apt-get update >/dev/null && apt-get install -y "${need[@]}" >/dev/null; }
-    fi
     echo "citus-build: building $(basename "$tarball") into $cache"
     rm -rf "$cache"
     mkdir -p "$src"

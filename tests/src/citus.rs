@@ -56,8 +56,17 @@ impl Cluster {
     /// the workers to the coordinator. Fails with a message naming what
     /// went wrong (a missing `citus.so` says how to build it).
     pub async fn start() -> Result<Cluster, String> {
-        let coordinator =
-            Node::initdb("citus-coordinator", SETTINGS).map_err(|e| explain_missing_citus(&e))?;
+        let bin = std::path::PathBuf::from(
+            std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned()),
+        );
+        let library = bin.with_file_name("lib").join("citus.so");
+        if !library.exists() {
+            return Err(format!(
+                "{} is missing: Citus is not installed for this server; run scripts/citus-build.sh",
+                library.display()
+            ));
+        }
+        let coordinator = Node::initdb("citus-coordinator", SETTINGS)?;
         let workers = vec![
             Node::initdb("citus-worker1", SETTINGS)?,
             Node::initdb("citus-worker2", SETTINGS)?,
@@ -147,14 +156,4 @@ async fn exec_int(conn: &mut AsyncPgConnection, sql: &str, arg: i32) -> Result<(
         .await
         .map(drop)
         .map_err(|e| format!("{sql} ({arg}): {e}"))
-}
-
-fn explain_missing_citus(error: &str) -> String {
-    if error.contains("citus") {
-        format!(
-            "{error}\nCitus is not installed in this server's lib dir: run scripts/citus-build.sh"
-        )
-    } else {
-        error.to_owned()
-    }
 }
