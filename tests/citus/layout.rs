@@ -17,7 +17,7 @@ use pgfifo_tests::eventually;
 use pgfifo_tests::query::{scalar, text};
 
 /// The miniature: 32 shards, 1024 buckets, 400 groups of 5 jobs.
-const SCHEMA: &str = "
+pub(crate) const SCHEMA: &str = "
     CREATE SCHEMA probe;
     CREATE FUNCTION probe.bucket(p_queue text, p_group text) RETURNS integer
         LANGUAGE sql IMMUTABLE PARALLEL SAFE

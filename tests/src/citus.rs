@@ -157,3 +157,41 @@ async fn exec_int(conn: &mut AsyncPgConnection, sql: &str, arg: i32) -> Result<(
         .map(drop)
         .map_err(|e| format!("{sql} ({arg}): {e}"))
 }
+
+/// The CPU time (user + system, in clock ticks of 10 ms) that the
+/// processes of `node`'s postmaster have used so far: its backends and
+/// background workers, read from `/proc`. A process that exited is no
+/// longer counted, so measure across a run whose connections stay open.
+pub fn cpu_ticks(node: &Node) -> u64 {
+    let Some(postmaster) = node.postmaster_pid() else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut ticks = 0;
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid … utime stime: fields 4, 14 and 15.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) != Some(postmaster) {
+            continue;
+        }
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        ticks += field(11) + field(12);
+    }
+    ticks
+}
