@@ -63,6 +63,9 @@ const CYCLE: &str = "
 struct Shard {
     #[diesel(sql_type = Integer)]
     rep: i32,
+    /// The port of the worker that holds it.
+    #[diesel(sql_type = Integer)]
+    port: i32,
     #[diesel(sql_type = Array<Integer>)]
     buckets: Vec<i32>,
 }
@@ -159,6 +162,25 @@ async fn drain_task(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn the_layouts_job_cycle_drains_in_order_on_both_workers() {
+    drain(Through::Coordinator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn the_same_cycle_with_runners_connected_to_the_workers() {
+    drain(Through::Workers).await;
+}
+
+/// Where the drain's connections go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Through {
+    /// All to the coordinator, visiting every shard.
+    Coordinator,
+    /// Half to each worker, visiting the shards that worker holds.
+    Workers,
+}
+
+async fn drain(through: Through) {
     let cluster = Cluster::start().await.expect("start the Citus cluster");
     let mut conn = cluster.coordinator_conn().await.expect("coordinator");
     conn.batch_execute(SCHEMA)
@@ -168,14 +190,45 @@ async fn the_layouts_job_cycle_drains_in_order_on_both_workers() {
         .await
         .expect("the cycle's functions");
     let shards: Vec<Shard> = diesel::sql_query(
-        "SELECT min(b) AS rep, array_agg(b ORDER BY b) AS buckets FROM generate_series(0, 1023) AS b
-         GROUP BY get_shard_id_for_distribution_column('probe.queue_group', b) ORDER BY 1",
+        "SELECT min(b) AS rep, array_agg(b ORDER BY b) AS buckets, min(p.nodeport) AS port
+         FROM generate_series(0, 1023) AS b
+         JOIN pg_dist_shard_placement AS p
+           ON p.shardid = get_shard_id_for_distribution_column('probe.queue_group', b)
+         GROUP BY p.shardid ORDER BY 1",
     )
     .load(&mut conn)
     .await
     .expect("the shards' buckets");
     assert_eq!(shards.len(), 32);
-    let shards = Arc::new(shards);
+    let workers: Vec<i32> = cluster
+        .workers
+        .iter()
+        .map(|w| i32::from(w.port()))
+        .collect();
+    // Per task: its URL and the shards it visits.
+    let plan: Vec<(String, Arc<Vec<Shard>>)> = match through {
+        Through::Coordinator => {
+            let all = Arc::new(shards);
+            (0..TASKS).map(|_| (cluster.url(), all.clone())).collect()
+        }
+        Through::Workers => {
+            let mut per_worker: Vec<Arc<Vec<Shard>>> = Vec::new();
+            let mut shards = shards;
+            for port in &workers {
+                let (mine, rest) = shards.into_iter().partition(|s| s.port == *port);
+                per_worker.push(Arc::new(mine));
+                shards = rest;
+            }
+            (0..TASKS)
+                .map(|i| {
+                    (
+                        cluster.workers[i % 2].url("postgres"),
+                        per_worker[i % 2].clone(),
+                    )
+                })
+                .collect()
+        }
+    };
     let nodes: Vec<_> = std::iter::once(&cluster.coordinator)
         .chain(&cluster.workers)
         .collect();
@@ -183,14 +236,11 @@ async fn the_layouts_job_cycle_drains_in_order_on_both_workers() {
     let done = Arc::new(AtomicUsize::new(0));
     let before: Vec<u64> = nodes.iter().map(|n| cpu_ticks(n)).collect();
     let began = Instant::now();
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|i| {
-            tokio::spawn(drain_task(
-                cluster.url(),
-                shards.clone(),
-                i * 32 / TASKS,
-                done.clone(),
-            ))
+    let tasks: Vec<_> = plan
+        .into_iter()
+        .enumerate()
+        .map(|(i, (url, shards))| {
+            tokio::spawn(drain_task(url, shards, i * 32 / TASKS, done.clone()))
         })
         .collect();
     let mut cycles = Vec::new();
@@ -227,11 +277,6 @@ async fn the_layouts_job_cycle_drains_in_order_on_both_workers() {
 
     // The shape: every call ran on a worker, the completion where the pick
     // did, and each worker carried 35–65 % of the jobs.
-    let workers: Vec<i32> = cluster
-        .workers
-        .iter()
-        .map(|w| i32::from(w.port()))
-        .collect();
     for c in &cycles {
         assert!(
             workers.contains(&c.take_port),
@@ -254,7 +299,7 @@ async fn the_layouts_job_cycle_drains_in_order_on_both_workers() {
         .map(|p| cycles.iter().filter(|c| c.take_port == *p).count() as f64 / JOBS as f64)
         .collect();
     println!(
-        "citus drain: jobs={JOBS} connections={TASKS} jobs_per_s={jobs_s:.0} \
+        "citus drain: through={through:?} jobs={JOBS} connections={TASKS} jobs_per_s={jobs_s:.0} \
          cpu_ms_per_job coordinator={:.2} worker1={:.2} worker2={:.2} \
          share worker1={:.1}% worker2={:.1}%",
         cpu_ms[0],
