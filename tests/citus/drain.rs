@@ -1,8 +1,9 @@
 //! The layout's job cycle in miniature, run for real on the cluster: 2,000
-//! jobs in 400 groups (the `layout` schema), drained by 8 connections to
-//! the coordinator, each cycle one transaction of a delegated per-shard
-//! pick that locks a group and its head, a delegated completion that
-//! advances the head, and a commit. Checks the outcome (each job once, each
+//! jobs in 400 groups (the `layout` schema), drained by 8 connections, each
+//! cycle one transaction of a delegated per-shard pick that locks a group
+//! (or up to 8) and its head, a delegated completion that advances the
+//! head, and a commit: through the coordinator one job per call, the same
+//! with 8 jobs per call, and with the connections made to the workers. Checks the outcome (each job once, each
 //! group in order, never two of a group at once) and the shape (every call
 //! ran on a worker, each worker carried 35–65 % of the jobs), and prints
 //! jobs/s and the PostgreSQL CPU per job on each node for docs/scaling.md.
@@ -57,6 +58,35 @@ const CYCLE: &str = "
     SELECT create_distributed_function('probe.finish(integer, bigint, text)', 'p_bucket',
                                        colocate_with := 'probe.queue_group',
                                        force_delegation := true);
+    -- The same for up to p_limit groups of one shard at once.
+    CREATE FUNCTION probe.take_many(p_bucket integer, p_buckets integer[], p_limit integer)
+    RETURNS TABLE (port integer, job_id bigint, bucket integer, group_id text, seq bigint)
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        RETURN QUERY
+        WITH g AS (SELECT g.bucket, g.queue, g.group_id, g.head_seq FROM probe.queue_group AS g
+                   WHERE g.bucket = ANY (p_buckets) AND g.head_seq IS NOT NULL
+                   LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        SELECT inet_server_port(), j.id, j.bucket, j.group_id, j.seq FROM g JOIN probe.job AS j
+          ON j.bucket = g.bucket AND j.queue = g.queue AND j.group_id = g.group_id
+         AND j.seq = g.head_seq
+        WHERE j.bucket = ANY (p_buckets) AND j.state = 'queued';
+    END $$;
+    SELECT create_distributed_function('probe.take_many(integer, integer[], integer)', 'p_bucket',
+                                       colocate_with := 'probe.queue_group');
+    CREATE FUNCTION probe.finish_many(p_bucket integer, p_buckets integer[], p_jobs bigint[],
+                                      p_groups text[])
+    RETURNS TABLE (port integer) LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE probe.job SET state = 'done' WHERE bucket = ANY (p_buckets) AND id = ANY (p_jobs);
+        UPDATE probe.queue_group
+        SET head_seq = CASE WHEN head_seq >= 5 THEN NULL ELSE head_seq + 1 END
+        WHERE bucket = ANY (p_buckets) AND queue = 'q' AND group_id = ANY (p_groups);
+        RETURN QUERY SELECT inet_server_port();
+    END $$;
+    SELECT create_distributed_function('probe.finish_many(integer, integer[], bigint[], text[])',
+                                       'p_bucket', colocate_with := 'probe.queue_group',
+                                       force_delegation := true);
 ";
 
 #[derive(QueryableByName)]
@@ -108,6 +138,7 @@ async fn drain_task(
     shards: Arc<Vec<Shard>>,
     first: usize,
     done: Arc<AtomicUsize>,
+    batch: i32,
 ) -> (Vec<Cycle>, AsyncPgConnection) {
     let mut conn = AsyncPgConnection::establish(&url).await.expect("connect");
     let mut cycles = Vec::new();
@@ -119,6 +150,15 @@ async fn drain_task(
             "the drain took over 120 s"
         );
         let shard = &shards[at % shards.len()];
+        if batch > 1 {
+            let more = cycle_many(&mut conn, shard, batch).await;
+            if more.is_empty() {
+                at += 1;
+            }
+            done.fetch_add(more.len(), Ordering::SeqCst);
+            cycles.extend(more);
+            continue;
+        }
         conn.batch_execute("BEGIN").await.expect("begin");
         let taken: Vec<Taken> =
             diesel::sql_query("SELECT port, job_id, bucket, group_id, seq FROM probe.take($1, $2)")
@@ -159,16 +199,67 @@ async fn drain_task(
     (cycles, conn)
 }
 
+/// One transaction of up to `batch` jobs of `shard`: their cycles (none
+/// when the shard had nothing free).
+async fn cycle_many(conn: &mut AsyncPgConnection, shard: &Shard, batch: i32) -> Vec<Cycle> {
+    conn.batch_execute("BEGIN").await.expect("begin");
+    let taken: Vec<Taken> = diesel::sql_query(
+        "SELECT port, job_id, bucket, group_id, seq FROM probe.take_many($1, $2, $3)",
+    )
+    .bind::<Integer, _>(shard.rep)
+    .bind::<Array<Integer>, _>(&shard.buckets)
+    .bind::<Integer, _>(batch)
+    .load(conn)
+    .await
+    .expect("take many");
+    if taken.is_empty() {
+        conn.batch_execute("COMMIT").await.expect("commit");
+        return Vec::new();
+    }
+    let start_ns = now_ns();
+    let ids: Vec<i64> = taken.iter().map(|t| t.job_id).collect();
+    let groups: Vec<&str> = taken.iter().map(|t| t.group_id.as_str()).collect();
+    let finished: Finished =
+        diesel::sql_query("SELECT port FROM probe.finish_many($1, $2, $3, $4)")
+            .bind::<Integer, _>(shard.rep)
+            .bind::<Array<Integer>, _>(&shard.buckets)
+            .bind::<Array<BigInt>, _>(&ids)
+            .bind::<Array<Text>, _>(&groups)
+            .get_result(conn)
+            .await
+            .expect("finish many");
+    let end_ns = now_ns();
+    conn.batch_execute("COMMIT").await.expect("commit");
+    taken
+        .into_iter()
+        .map(|job| Cycle {
+            job_id: job.job_id,
+            group: job.group_id,
+            seq: job.seq,
+            take_port: job.port,
+            finish_port: finished.port,
+            start_ns,
+            end_ns,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn the_cycle_with_eight_jobs_per_call_through_the_coordinator() {
+    drain(Through::Coordinator, 8).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn the_layouts_job_cycle_drains_in_order_on_both_workers() {
-    drain(Through::Coordinator).await;
+    drain(Through::Coordinator, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn the_same_cycle_with_runners_connected_to_the_workers() {
-    drain(Through::Workers).await;
+    drain(Through::Workers, 1).await;
 }
 
 /// Where the drain's connections go.
@@ -180,7 +271,7 @@ enum Through {
     Workers,
 }
 
-async fn drain(through: Through) {
+async fn drain(through: Through, batch: i32) {
     let cluster = Cluster::start().await.expect("start the Citus cluster");
     let mut conn = cluster.coordinator_conn().await.expect("coordinator");
     conn.batch_execute(SCHEMA)
@@ -240,7 +331,7 @@ async fn drain(through: Through) {
         .into_iter()
         .enumerate()
         .map(|(i, (url, shards))| {
-            tokio::spawn(drain_task(url, shards, i * 32 / TASKS, done.clone()))
+            tokio::spawn(drain_task(url, shards, i * 32 / TASKS, done.clone(), batch))
         })
         .collect();
     let mut cycles = Vec::new();
@@ -299,7 +390,7 @@ async fn drain(through: Through) {
         .map(|p| cycles.iter().filter(|c| c.take_port == *p).count() as f64 / JOBS as f64)
         .collect();
     println!(
-        "citus drain: through={through:?} jobs={JOBS} connections={TASKS} jobs_per_s={jobs_s:.0} \
+        "citus drain: through={through:?} jobs_per_call={batch} jobs={JOBS} connections={TASKS} jobs_per_s={jobs_s:.0} \
          cpu_ms_per_job coordinator={:.2} worker1={:.2} worker2={:.2} \
          share worker1={:.1}% worker2={:.1}%",
         cpu_ms[0],

@@ -9,8 +9,9 @@
 //!   unchanged (its tables stay on the coordinator), with the guarantees
 //!   that matter checked through the public API.
 //! * `controls`: a group of concurrency 3 and the failure policy 'hold'.
-//! * `drain`: the layout's job cycle in miniature, drained for real, with
-//!   jobs/s and PostgreSQL CPU per job on each node printed.
+//! * `drain`: the layout's job cycle in miniature, drained for real through
+//!   the coordinator (one job per call, and eight) and through the workers,
+//!   with jobs/s and PostgreSQL CPU per job on each node printed.
 //! * `faults`: three `fifo-worker` processes through the coordinator, one
 //!   killed with `kill -9` and replaced, one Citus worker node restarted:
 //!   nothing lost, nothing twice, every group in order, no overlaps.
