@@ -254,8 +254,17 @@ async fn runner_processes_killed_and_a_worker_node_restarted_lose_nothing() {
         .filter(|(i, r)| *i == 0 || rows[i - 1].grp != r.grp)
         .map(|(_, r)| r)
         .collect();
+    // Jobs whose attempt the killed process had started (their transaction
+    // rolled back with it, and another process ran them again): shows the
+    // kill fell mid-handler, when it did.
+    let interrupted = scalar(
+        &mut conn,
+        "SELECT count(*) FROM (SELECT job_id FROM pgfifo.job_attempt GROUP BY 1 HAVING count(*) > 1) s",
+    )
+    .await;
     println!(
-        "citus faults: processes={PROCESSES} killed=1 worker_node_restarts=1 jobs={total} \
+        "citus faults: processes={PROCESSES} killed=1 interrupted_jobs={interrupted} \
+         worker_node_restarts=1 jobs={total} \
          acknowledged={} lost={lost} never_committed={never} reruns={reruns} \
          duplicates={duplicates} order_violations={order_violations} overlaps={overlaps}",
         acknowledged.len()
