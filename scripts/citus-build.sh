@@ -10,7 +10,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 vendor="${PGFIFO_CITUS_VENDOR:-$here/../shared/vendor/citus}"
-tarball="$(ls "$vendor"/citus-*.tar.gz | head -1)"
+tarballs=("$vendor"/citus-*.tar.gz)
+tarball="${tarballs[0]}"
 patch_file="$vendor/pg15.20-have_createdb_privilege.patch"
 [ -f "$tarball" ] || { echo "citus-build: no citus-*.tar.gz in $vendor" >&2; exit 1; }
 
@@ -30,7 +31,7 @@ fi
 pg_config="${PG_CONFIG:-pg_config}"
 libdir="$("$pg_config" --pkglibdir)"
 sum="$(sha256sum "$tarball" | cut -c1-16)"
-cache="${PGFIFO_CACHE:-$HOME/.cache/pgfifo}/citus-$sum-pg$("$pg_config" --version | awk '{print $2}')"
+cache="${PGFIFO_CACHE:-${HOME:-/tmp}/.cache/pgfifo}/citus-$sum-pg$("$pg_config" --version | awk '{print $2}')"
 src="$cache/src"
 
 if [ -f "$cache/built" ] && [ -f "$libdir/citus.so" ] \
