@@ -139,6 +139,7 @@ async fn drain_task(
     first: usize,
     done: Arc<AtomicUsize>,
     batch: i32,
+    write: bool,
 ) -> (Vec<Cycle>, AsyncPgConnection) {
     let mut conn = AsyncPgConnection::establish(&url).await.expect("connect");
     let mut cycles = Vec::new();
@@ -181,6 +182,15 @@ async fn drain_task(
             .get_result(&mut conn)
             .await
             .expect("finish");
+        if write {
+            // The handler's own write, in a table on the coordinator: the
+            // commit now spans two nodes.
+            diesel::sql_query("INSERT INTO app_done (job_id) VALUES ($1)")
+                .bind::<BigInt, _>(job.job_id)
+                .execute(&mut conn)
+                .await
+                .expect("the handler's write");
+        }
         let end_ns = now_ns();
         conn.batch_execute("COMMIT").await.expect("commit");
         done.fetch_add(1, Ordering::SeqCst);
@@ -252,6 +262,12 @@ async fn the_cycle_with_eight_jobs_per_call_through_the_coordinator() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn the_cycle_with_a_handler_write_on_the_coordinator() {
+    drain(Through::CoordinatorWithWrite, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn the_layouts_job_cycle_drains_in_order_on_both_workers() {
     drain(Through::Coordinator, 1).await;
 }
@@ -267,6 +283,9 @@ async fn the_same_cycle_with_runners_connected_to_the_workers() {
 enum Through {
     /// All to the coordinator, visiting every shard.
     Coordinator,
+    /// The same, each cycle also writing a row to a table on the
+    /// coordinator, as a handler writes the application's data.
+    CoordinatorWithWrite,
     /// Half to each worker, visiting the shards that worker holds.
     Workers,
 }
@@ -280,6 +299,9 @@ async fn drain(through: Through, batch: i32) {
     conn.batch_execute(CYCLE)
         .await
         .expect("the cycle's functions");
+    conn.batch_execute("CREATE TABLE app_done (job_id bigint PRIMARY KEY)")
+        .await
+        .expect("the application's table");
     let shards: Vec<Shard> = diesel::sql_query(
         "SELECT min(b) AS rep, array_agg(b ORDER BY b) AS buckets, min(p.nodeport) AS port
          FROM generate_series(0, 1023) AS b
@@ -298,7 +320,7 @@ async fn drain(through: Through, batch: i32) {
         .collect();
     // Per task: its URL and the shards it visits.
     let plan: Vec<(String, Arc<Vec<Shard>>)> = match through {
-        Through::Coordinator => {
+        Through::Coordinator | Through::CoordinatorWithWrite => {
             let all = Arc::new(shards);
             (0..TASKS).map(|_| (cluster.url(), all.clone())).collect()
         }
@@ -331,7 +353,14 @@ async fn drain(through: Through, batch: i32) {
         .into_iter()
         .enumerate()
         .map(|(i, (url, shards))| {
-            tokio::spawn(drain_task(url, shards, i * 32 / TASKS, done.clone(), batch))
+            tokio::spawn(drain_task(
+                url,
+                shards,
+                i * 32 / TASKS,
+                done.clone(),
+                batch,
+                through == Through::CoordinatorWithWrite,
+            ))
         })
         .collect();
     let mut cycles = Vec::new();
@@ -345,8 +374,16 @@ async fn drain(through: Through, batch: i32) {
     let after: Vec<u64> = nodes.iter().map(|n| cpu_ticks(n)).collect();
     drop(open);
 
-    // The outcome: each job once, each group in order, one at a time.
+    // The outcome: each job once, each group in order, one at a time, and
+    // the handler's writes committed with their jobs.
     assert_eq!(cycles.len(), JOBS, "cycles committed");
+    let written = pgfifo_tests::query::scalar(&mut conn, "SELECT count(*) FROM app_done").await;
+    let expected = if through == Through::CoordinatorWithWrite {
+        JOBS as i64
+    } else {
+        0
+    };
+    assert_eq!(written, expected, "the handlers' rows");
     let ids: HashSet<i64> = cycles.iter().map(|c| c.job_id).collect();
     assert_eq!(ids.len(), JOBS, "a job ran twice");
     let mut by_group: BTreeMap<&str, Vec<&Cycle>> = BTreeMap::new();

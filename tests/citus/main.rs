@@ -10,7 +10,8 @@
 //!   that matter checked through the public API.
 //! * `controls`: a group of concurrency 3 and the failure policy 'hold'.
 //! * `drain`: the layout's job cycle in miniature, drained for real through
-//!   the coordinator (one job per call, and eight) and through the workers,
+//!   the coordinator (one job per call, eight, and one with a handler's
+//!   write on the coordinator) and through the workers,
 //!   with jobs/s and PostgreSQL CPU per job on each node printed.
 //! * `faults`: three `fifo-worker` processes through the coordinator, one
 //!   killed with `kill -9` and replaced, one Citus worker node restarted:
