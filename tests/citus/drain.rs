@@ -3,7 +3,9 @@
 //! cycle one transaction of a delegated per-shard pick that locks a group
 //! (or up to 8) and its head, a delegated completion that advances the
 //! head, and a commit: through the coordinator one job per call, the same
-//! with 8 jobs per call, and with the connections made to the workers. Checks the outcome (each job once, each
+//! with 8 jobs per call, the same with a handler's write to a table on the
+//! coordinator in each transaction, and with the connections made to the
+//! workers. Checks the outcome (each job once, each
 //! group in order, never two of a group at once) and the shape (every call
 //! ran on a worker, each worker carried 35–65 % of the jobs), and prints
 //! jobs/s and the PostgreSQL CPU per job on each node for docs/scaling.md.
