@@ -35,7 +35,17 @@ impl Node {
     /// A new primary (initdb and start). It replicates asynchronously until
     /// told otherwise (`synchronous_standby_names`, once a standby runs).
     pub fn primary() -> Result<Node, String> {
-        let node = Node::prepare("primary")?;
+        Node::initdb(
+            "primary",
+            "max_connections = 100\nshared_buffers = 32MB\nwal_level = replica\n\
+             max_wal_senders = 5\nwal_keep_size = 256MB\n",
+        )
+    }
+
+    /// A new server (initdb and start) with `settings` appended to its
+    /// configuration; `role` goes into its directory's name.
+    pub fn initdb(role: &str, settings: &str) -> Result<Node, String> {
+        let node = Node::prepare(role)?;
         let mut initdb = node.command("initdb");
         initdb.arg("-D").arg(&node.data).args([
             "-U",
@@ -46,10 +56,7 @@ impl Node {
             "--no-instructions",
         ]);
         run(&mut initdb)?;
-        node.configure(
-            "max_connections = 100\nshared_buffers = 32MB\nwal_level = replica\n\
-             max_wal_senders = 5\nwal_keep_size = 256MB\n",
-        )?;
+        node.configure(settings)?;
         node.start()?;
         Ok(node)
     }
@@ -114,7 +121,8 @@ impl Node {
             .map_err(|e| format!("write {}: {e}", path.display()))
     }
 
-    fn start(&self) -> Result<(), String> {
+    /// `pg_ctl start`, waiting until it accepts connections.
+    pub fn start(&self) -> Result<(), String> {
         let mut start = self.command("pg_ctl");
         start
             .arg("-D")

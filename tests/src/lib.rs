@@ -13,6 +13,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo::{Job, JobId, Pool, RunnerConfig, RunnerHandle};
 
 pub mod browser;
+pub mod citus;
 pub mod failover;
 pub mod faults;
 pub mod pgbouncer;

@@ -1,0 +1,55 @@
+//! The job type of the Citus suite.
+
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::RunQueryDsl;
+use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
+use serde::{Deserialize, Serialize};
+
+/// Appends `(group, seq, job, attempt)` with the database clock's start and
+/// end to `citus_log`, in the job's transaction, after `hold_ms` of work
+/// (2 ms when 0); a job with `fail_first` fails its first attempt (its row
+/// is rolled back with it).
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(queue = "citus", max_attempts = 3, backoff = "20ms")]
+pub struct LogJob {
+    pub group: String,
+    pub seq: i64,
+    pub fail_first: bool,
+    pub hold_ms: u64,
+}
+
+#[async_trait]
+impl Handler for LogJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        let (id, attempt) = (ctx.id(), ctx.attempt());
+        diesel::sql_query(
+            "INSERT INTO citus_log (grp, seq, job_id, attempt, started_at) \
+             VALUES ($1, $2, $3, $4, clock_timestamp())",
+        )
+        .bind::<Text, _>(&self.group)
+        .bind::<BigInt, _>(self.seq)
+        .bind::<BigInt, _>(id)
+        .bind::<BigInt, _>(i64::from(attempt))
+        .execute(ctx.conn())
+        .await?;
+        // A few milliseconds of work, so that runs of different groups
+        // overlap and a second run of one group would be seen.
+        tokio::time::sleep(std::time::Duration::from_millis(self.hold_ms.max(2))).await;
+        diesel::sql_query(
+            "UPDATE citus_log SET ended_at = clock_timestamp() WHERE job_id = $1 AND attempt = $2",
+        )
+        .bind::<BigInt, _>(id)
+        .bind::<BigInt, _>(i64::from(attempt))
+        .execute(ctx.conn())
+        .await?;
+        if self.fail_first && attempt == 1 {
+            return Err(JobError::retry("fails its first attempt"));
+        }
+        Ok(())
+    }
+}
+
+/// The table `LogJob` writes to (on the coordinator, beside pgfifo's).
+pub const LOG_TABLE: &str = "CREATE TABLE citus_log (
+    grp text NOT NULL, seq bigint NOT NULL, job_id bigint NOT NULL, attempt bigint NOT NULL,
+    started_at timestamptz NOT NULL, ended_at timestamptz)";
