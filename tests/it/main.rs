@@ -43,6 +43,7 @@ mod retries;
 mod schedules;
 mod stored_bad_input;
 mod timeouts_shutdown;
+mod tracing_otel;
 mod wakeups;
 
 // Several OS processes on one database.

@@ -60,6 +60,8 @@ mod job;
 mod job_error;
 pub mod migrate;
 mod names;
+#[cfg(feature = "otel")]
+mod otel;
 mod registry;
 pub mod runner;
 pub mod schedule;
