@@ -43,6 +43,7 @@ mod retries;
 mod schedules;
 mod stored_bad_input;
 mod timeouts_shutdown;
+mod trace_context_sql;
 mod tracing_otel;
 mod wakeups;
 
