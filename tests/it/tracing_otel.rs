@@ -334,3 +334,99 @@ async fn a_span_without_an_opentelemetry_layer_stores_nothing() {
         0
     );
 }
+
+/// A long-mode job (no open transaction while it runs) that fails its first
+/// attempt.
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(queue = "traced", long, max_attempts = 3, backoff = "10ms")]
+struct TracedLongJob {
+    n: i64,
+}
+
+#[async_trait]
+impl Handler for TracedLongJob {
+    async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        if ctx.attempt() == 1 {
+            return Err(JobError::retry("first long attempt fails"));
+        }
+        Ok(())
+    }
+}
+
+/// A batch enqueue has one span, with the batch's size; each of its jobs,
+/// long-mode ones included, continues it.
+#[test]
+fn a_batch_and_long_jobs_continue_the_trace() {
+    let traced = Traced::new();
+    let (ids, request_trace) = traced.block_on(async {
+        let db = TestDb::new().await;
+        let request = tracing::info_span!("batch.request");
+        let trace_id = request.context().span().span_context().trace_id();
+        let jobs = vec![
+            pgfifo::NewJob::new(
+                &TracedLongJob { n: 1 },
+                pgfifo::EnqueueOptions::group("long-1"),
+            )
+            .unwrap(),
+            pgfifo::NewJob::new(&TracedJob { n: 2 }, pgfifo::EnqueueOptions::group("long-2"))
+                .unwrap(),
+        ];
+        let ids = async {
+            let mut conn = db.conn().await;
+            pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap()
+        }
+        .instrument(request)
+        .await;
+        assert_eq!(
+            db.scalar("SELECT count(*) FROM pgfifo.job_trace").await,
+            2,
+            "both jobs carry the context"
+        );
+        let runner = db.start_runner(test_config().concurrency(2)).await;
+        let mut events = runner.subscribe();
+        tokio::time::timeout(LIMIT, async {
+            let mut succeeded = Vec::new();
+            while succeeded.len() < ids.len() {
+                match events.recv().await {
+                    Ok(event) if event.outcome == JobOutcome::Succeeded => succeeded.push(event.id),
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(err) => panic!("runner events: {err}"),
+                }
+            }
+        })
+        .await
+        .expect("both jobs succeed");
+        runner.shutdown().await.unwrap();
+        (ids, trace_id)
+    });
+    let spans = traced.spans();
+    let enqueue: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| s.span_context.trace_id() == request_trace && s.name == "enqueue traced")
+        .collect();
+    assert_eq!(enqueue.len(), 1, "one span for the batch");
+    assert_eq!(
+        attr_text(enqueue[0], "messaging.batch.message_count").as_deref(),
+        Some("2")
+    );
+    let long_runs: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| {
+            s.name == "run traced"
+                && attr_text(s, "messaging.message.id") == Some(ids[0].to_string())
+        })
+        .collect();
+    assert_eq!(long_runs.len(), 2, "two attempts of the long job");
+    for run in &long_runs {
+        assert_eq!(run.span_context.trace_id(), request_trace);
+        assert_eq!(run.parent_span_id, enqueue[0].span_context.span_id());
+    }
+    assert_eq!(
+        long_runs
+            .iter()
+            .filter(|s| matches!(s.status, Status::Error { .. }))
+            .count(),
+        1,
+        "the failed long attempt is an error"
+    );
+}

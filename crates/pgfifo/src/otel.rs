@@ -20,6 +20,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::db::pick::PickedJob;
 use crate::db::trace::TraceContext;
 
+/// `messaging.system`.
+const SYSTEM: &str = "pgfifo";
 const TRACEPARENT: &str = "traceparent";
 const TRACESTATE: &str = "tracestate";
 
@@ -38,20 +40,23 @@ pub(crate) fn enqueue_span(queues: &[String]) -> Option<(tracing::Span, TraceCon
         otel.name = tracing::field::Empty,
         otel.kind = "producer",
         otel.status_code = tracing::field::Empty,
-        messaging.system = "pgfifo",
-        messaging.operation.type = "send",
-        messaging.operation.name = "enqueue",
-        messaging.destination.name = tracing::field::Empty,
-        messaging.batch.message_count = tracing::field::Empty,
     );
+    // The conventions' attributes go to OpenTelemetry only, not to the
+    // span's `tracing` fields that every log line inside it would repeat.
+    span.set_attribute("messaging.system", SYSTEM);
+    span.set_attribute("messaging.operation.type", "send");
+    span.set_attribute("messaging.operation.name", "enqueue");
     if one_queue {
         span.record("otel.name", format!("enqueue {first}"));
-        span.record("messaging.destination.name", first.as_str());
+        span.set_attribute("messaging.destination.name", first.clone());
     } else {
         span.record("otel.name", "enqueue");
     }
     if queues.len() > 1 {
-        span.record("messaging.batch.message_count", queues.len());
+        span.set_attribute(
+            "messaging.batch.message_count",
+            i64::try_from(queues.len()).unwrap_or(i64::MAX),
+        );
     }
     let mut carrier = Carrier::default();
     TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
@@ -84,19 +89,26 @@ pub(crate) fn attempt_span(job: &PickedJob, attempt: Option<i32>) -> tracing::Sp
         otel.name = %format_args!("run {}", job.queue),
         otel.kind = "consumer",
         otel.status_code = tracing::field::Empty,
-        messaging.system = "pgfifo",
-        messaging.operation.type = "process",
-        messaging.operation.name = "run",
-        messaging.destination.name = %job.queue,
-        messaging.message.id = %job.id,
-        messaging.pgfifo.group = job.group_id.as_deref(),
-        messaging.pgfifo.attempt = attempt,
-        messaging.pgfifo.kind = %job.kind,
     );
+    if span.is_disabled() {
+        return span;
+    }
+    span.set_attribute("messaging.system", SYSTEM);
+    span.set_attribute("messaging.operation.type", "process");
+    span.set_attribute("messaging.operation.name", "run");
+    span.set_attribute("messaging.destination.name", job.queue.clone());
+    span.set_attribute("messaging.message.id", job.id.to_string());
+    if let Some(group) = &job.group_id {
+        span.set_attribute("messaging.pgfifo.group", group.clone());
+    }
+    if let Some(attempt) = attempt {
+        span.set_attribute("messaging.pgfifo.attempt", i64::from(attempt));
+    }
+    span.set_attribute("messaging.pgfifo.kind", job.kind.clone());
     if let Some(stored) = &job.trace {
         let cx = TraceContextPropagator::new().extract(stored);
         let creation = cx.span().span_context().clone();
-        if creation.is_valid() && !span.is_disabled() {
+        if creation.is_valid() {
             // Both, before anything reads the span's context (which starts
             // it): the link is the conventions' creation context, the
             // parent keeps every attempt in the enqueue's trace.

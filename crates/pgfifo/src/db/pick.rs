@@ -210,3 +210,22 @@ pub(crate) struct IdleBounds {
     pub idle_ms: Vec<i32>,
     pub default_idle_ms: i32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PICK;
+    use crate::db::statement::placeholders_in_order;
+
+    /// With the feature or without it, the pick binds the same ten values
+    /// and returns the two columns of the trace context.
+    #[test]
+    fn the_pick_binds_ten_values_and_returns_the_trace_columns() {
+        assert!(placeholders_in_order(PICK, 10), "{PICK}");
+        assert!(PICK.contains("AS traceparent") && PICK.contains("AS tracestate"));
+        assert_eq!(
+            PICK.contains("pgfifo.job_trace"),
+            cfg!(feature = "otel"),
+            "the table is read with the feature only"
+        );
+    }
+}

@@ -118,7 +118,7 @@ fn pieces(text: &str) -> impl Iterator<Item = (&str, Option<usize>)> {
 }
 
 /// Whether `text`'s placeholders are `$1` … `$count`, each once, in order.
-fn placeholders_in_order(text: &str, count: usize) -> bool {
+pub(crate) fn placeholders_in_order(text: &str, count: usize) -> bool {
     let found: Vec<usize> = pieces(text).filter_map(|(_, n)| n).collect();
     found == (1..=count).collect::<Vec<_>>()
 }
