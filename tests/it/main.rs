@@ -46,6 +46,8 @@ mod retries;
 mod schedules;
 mod stored_bad_input;
 mod timeouts_shutdown;
+mod trace_context_sql;
+mod tracing_otel;
 mod wakeups;
 
 // Several OS processes on one database.

@@ -404,24 +404,44 @@ async fn bookkeeping_stays_apart_from_the_host_migrations() {
     check_host(&mut conn).await;
 }
 
-/// Reverting the newest migration and applying it again with the same
-/// release installs the functions its `down.sql` dropped (it forgets the
-/// recorded function set, so `up` does not take them for installed).
+/// Reverting the newest migrations and applying them again with the same
+/// release installs the functions their `down.sql` dropped (they forget the
+/// recorded function set, so `up` does not take them for installed): those
+/// of 0008 (shares) and of 0009 (trace contexts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn down_one_and_up_again_reinstalls_the_functions_it_dropped() {
     let db = FreshDb::new("mig").await;
     let mut conn = db.connect().await;
     migrate::migrate_conn(&mut conn).await.unwrap();
+    let installed = "(to_regprocedure('pgfifo.share_candidates(text, smallint, integer, timestamptz)') IS NOT NULL)::int
+         + (to_regprocedure('pgfifo.purge_job_traces(bigint, bigint)') IS NOT NULL)::int
+         + (to_regprocedure('pgfifo.enqueue(text[], text[], text[], jsonb[], smallint[], integer[],
+                                            text[], bigint[], bigint[], text[], text[])') IS NOT NULL)::int";
+    assert_eq!(scalar(&mut conn, installed).await, 3);
     assert_eq!(
         migrate::rollback(&mut conn, 1).await.unwrap(),
         vec![migrate::latest_version()]
     );
-    let installed =
-        "(to_regprocedure('pgfifo.share_candidates(text, smallint, integer, timestamptz)') IS NOT NULL)::int";
-    assert_eq!(scalar(&mut conn, installed).await, 0);
+    assert_eq!(
+        scalar(&mut conn, installed).await,
+        1,
+        "0009's functions went"
+    );
+    assert_eq!(
+        migrate::rollback(&mut conn, 1).await.unwrap(),
+        vec![migrate::latest_version() - 1]
+    );
+    assert_eq!(
+        scalar(&mut conn, installed).await,
+        0,
+        "0008's functions went"
+    );
     let migrated = migrate::migrate_conn(&mut conn).await.unwrap();
-    assert_eq!(migrated.applied, vec![migrate::latest_version()]);
+    assert_eq!(
+        migrated.applied,
+        vec![migrate::latest_version() - 1, migrate::latest_version()]
+    );
     assert!(migrated.functions_installed);
-    assert_eq!(scalar(&mut conn, installed).await, 1);
+    assert_eq!(scalar(&mut conn, installed).await, 3);
     migrate::check_current(&mut conn).await.unwrap();
 }

@@ -254,6 +254,18 @@ pub async fn enqueue_batch(
     if arrays.queue.is_empty() {
         return Ok(Vec::new());
     }
+    #[cfg(feature = "otel")]
+    if let Some((span, trace)) = crate::otel::enqueue_span(&arrays.queue) {
+        use tracing::Instrument;
+        arrays.trace = Some(trace);
+        let enqueued = db::enqueue::enqueue(conn, arrays)
+            .instrument(span.clone())
+            .await;
+        if enqueued.is_err() {
+            crate::otel::enqueue_failed(&span);
+        }
+        return Ok(enqueued?);
+    }
     Ok(db::enqueue::enqueue(conn, arrays).await?)
 }
 

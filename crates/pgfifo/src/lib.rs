@@ -61,6 +61,8 @@ mod job_error;
 mod job_types;
 pub mod migrate;
 mod names;
+#[cfg(feature = "otel")]
+mod otel;
 mod registry;
 pub mod runner;
 pub mod schedule;

@@ -106,6 +106,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0008_fair_shares/up.sql"),
         down: include_str!("../migrations/0008_fair_shares/down.sql"),
     },
+    Migration {
+        version: 9,
+        name: "trace_context",
+        release: "0.3.0",
+        up: include_str!("../migrations/0009_trace_context/up.sql"),
+        down: include_str!("../migrations/0009_trace_context/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.

@@ -16,6 +16,7 @@ pub(crate) mod hosts;
 pub(crate) mod long_run;
 pub(crate) mod maintenance;
 pub(crate) mod migrate;
+pub(crate) mod pick;
 pub mod pooler;
 pub(crate) mod runner;
 pub(crate) mod schedule;
@@ -23,6 +24,7 @@ pub(crate) mod session_sql;
 pub(crate) mod statement;
 #[cfg(feature = "testing")]
 pub(crate) mod testing;
+pub(crate) mod trace;
 
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use std::time::Duration;

@@ -189,7 +189,7 @@ pub(crate) struct PurgeRow {
 }
 
 /// Deletes jobs in `states` finished more than `older_than` ago, among the
-/// `batch` jobs after `after_id`.
+/// `batch` jobs after `after_id`, and their trace contexts.
 pub(crate) async fn purge_batch(
     conn: &mut AsyncPgConnection,
     older_than: Duration,
@@ -198,8 +198,11 @@ pub(crate) async fn purge_batch(
     batch: i32,
 ) -> diesel::QueryResult<PurgeRow> {
     diesel::sql_query(
-        "SELECT deleted, last_id, done, first_pending FROM pgfifo.purge_jobs(
-             now() - make_interval(secs => $1), $2, $3, $4)",
+        // The trace contexts of the jobs deleted go with them (the range
+        // walked; `purge_job_traces` runs after the purge, and sees it).
+        "SELECT p.deleted, p.last_id, p.done, p.first_pending,
+                pgfifo.purge_job_traces($3, p.last_id) AS traces
+         FROM pgfifo.purge_jobs(now() - make_interval(secs => $1), $2, $3, $4) AS p",
     )
     .bind::<Double, _>(older_than.as_secs_f64())
     .bind::<Array<Text>, _>(states)

@@ -262,3 +262,70 @@ BEGIN
     RETURN v_out;
 END
 $$;
+
+-- The same, for jobs that carry the W3C trace context of their enqueue
+-- (docs/tracing.md): p_traceparent and p_tracestate hold one element per
+-- job (NULL: none for that job). It enqueues through the function above,
+-- with the same locking contract and the same result, and then keeps each
+-- new job's context in pgfifo.job_trace. A row whose unique key was taken
+-- gets no context: its id is the job that holds the key, which keeps what
+-- its own enqueue carried. (A holder that commits between the look-up
+-- below and the insert above is not told apart from a new job: if it has
+-- no context, it gets this one.)
+--
+-- An overload rather than new arguments of the function above: released
+-- runners and producers call that one with nine arguments, and a job
+-- without a context costs nothing more there. After `migrate down` past
+-- 0009_trace_context the table is gone: the jobs are enqueued all the
+-- same, without their contexts.
+CREATE OR REPLACE FUNCTION pgfifo.enqueue(
+    p_queue        text[],
+    p_group        text[],
+    p_kind         text[],
+    p_payload      jsonb[],
+    p_priority     smallint[],
+    p_max_attempts integer[],
+    p_unique_key   text[],
+    p_run_at_us    bigint[],
+    p_delay_us     bigint[],
+    p_traceparent  text[],
+    p_tracestate   text[]
+) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_ids   bigint[];
+    v_taken bigint[];
+BEGIN
+    IF cardinality(p_traceparent) IS DISTINCT FROM cardinality(p_queue)
+       OR (p_tracestate IS NOT NULL
+           AND cardinality(p_tracestate) IS DISTINCT FROM cardinality(p_queue)) THEN
+        RAISE EXCEPTION 'pgfifo enqueue: % jobs but % traceparents and % tracestates',
+            coalesce(cardinality(p_queue), 0), coalesce(cardinality(p_traceparent), 0),
+            coalesce(cardinality(p_tracestate), 0)
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_trace_context';
+    END IF;
+    IF to_regclass('pgfifo.job_trace') IS NULL
+       OR array_position(p_traceparent, NULL::text) IS NOT NULL
+          AND cardinality(array_remove(p_traceparent, NULL)) = 0 THEN
+        RETURN pgfifo.enqueue(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                              p_unique_key, p_run_at_us, p_delay_us);
+    END IF;
+    -- The jobs that hold the unique keys asked for, before the enqueue
+    -- returns their ids as the ids of those rows.
+    IF p_unique_key IS NOT NULL THEN
+        v_taken := ARRAY(
+            SELECT j.id FROM unnest(p_queue, p_unique_key) AS t(q, k)
+            JOIN pgfifo.job AS j ON j.queue = t.q AND j.unique_key = t.k AND j.state = 'queued'
+            WHERE t.k IS NOT NULL);
+    END IF;
+    v_ids := pgfifo.enqueue(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                            p_unique_key, p_run_at_us, p_delay_us);
+    INSERT INTO pgfifo.job_trace (job_id, traceparent, tracestate)
+    SELECT t.id, t.tp, nullif(t.ts, '')
+    FROM unnest(v_ids, p_traceparent, coalesce(p_tracestate, p_traceparent[0:0])) AS t(id, tp, ts)
+    WHERE t.tp IS NOT NULL AND (v_taken IS NULL OR t.id <> ALL (v_taken))
+    ON CONFLICT (job_id) DO NOTHING;
+    RETURN v_ids;
+END
+$$;

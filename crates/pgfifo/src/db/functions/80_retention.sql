@@ -62,3 +62,24 @@ BEGIN ATOMIC
         RETURNING 1)
     SELECT count(*) FROM gone;
 END;
+
+-- Deletes the trace contexts (pgfifo.job_trace, docs/tracing.md) of jobs
+-- with ids in (p_after_id, p_last_id] that no longer exist: called with the
+-- range that a batch of purge_jobs walked, in the same statement, after it.
+-- Returns how many. Does nothing without the table (reverted migration 9).
+CREATE OR REPLACE FUNCTION pgfifo.purge_job_traces(p_after_id bigint, p_last_id bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n bigint := 0;
+BEGIN
+    IF to_regclass('pgfifo.job_trace') IS NOT NULL THEN
+        DELETE FROM pgfifo.job_trace AS t
+        WHERE t.job_id > p_after_id AND t.job_id <= p_last_id
+          AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS j WHERE j.id = t.job_id);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+    END IF;
+    RETURN v_n;
+END
+$$;

@@ -196,7 +196,10 @@ pub(super) async fn run_batch<'l>(
             long::warn_pooled();
         } else if let Some(attempt) = jobs[0].1 {
             let (job, _) = jobs.pop().expect("one job");
-            return long::run_long(lanes, conn, job, attempt, lane, permit).await;
+            let span = attempt_span(&job, Some(attempt));
+            return long::run_long(lanes, conn, job, attempt, lane, permit)
+                .instrument(span)
+                .await;
         }
     }
     let picked = jobs.len();
@@ -253,14 +256,7 @@ pub(super) async fn run_batch<'l>(
                 }
             }
         }
-        let span = tracing::info_span!(
-            "pgfifo.job",
-            id = job.id,
-            kind = %job.kind,
-            queue = %job.queue,
-            group = job.group_id.as_deref().unwrap_or(""),
-            attempt = attempt,
-        );
+        let span = attempt_span(&job, attempt);
         let ran = match run_attempt(lanes, conn, job, attempt, batching)
             .instrument(span.clone())
             .await
@@ -280,6 +276,13 @@ pub(super) async fn run_batch<'l>(
                 ends_batch,
             }) => {
                 span.in_scope(|| one.log());
+                #[cfg(feature = "otel")]
+                if matches!(
+                    one.outcome,
+                    JobOutcome::Retrying { .. } | JobOutcome::Failed { .. }
+                ) {
+                    crate::otel::attempt_failed(&span);
+                }
                 // The next job of a group starts only once the one before
                 // it has succeeded: after any other outcome (a retry, a
                 // snooze, a failure that may hold the group), the rest goes
@@ -345,4 +348,20 @@ async fn hand_back(lanes: &Lanes, jobs: impl IntoIterator<Item = Slot>) {
         );
     }
     lanes.bookkeeper.forget_attempts(attempts, true).await;
+}
+
+/// The span of one attempt of `job`: with the `otel` feature, one that
+/// continues the trace of the job's enqueue (see `crate::otel`).
+fn attempt_span(job: &PickedJob, attempt: Option<i32>) -> tracing::Span {
+    #[cfg(feature = "otel")]
+    return crate::otel::attempt_span(job, attempt);
+    #[cfg(not(feature = "otel"))]
+    tracing::info_span!(
+        "pgfifo.job",
+        id = job.id,
+        kind = %job.kind,
+        queue = %job.queue,
+        group = job.group_id.as_deref().unwrap_or(""),
+        attempt = attempt,
+    )
 }

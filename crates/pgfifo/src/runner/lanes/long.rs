@@ -190,6 +190,9 @@ pub(super) async fn run_long(
             return give_up(lanes, conn, job.id, claim, used_conn).await;
         }
     };
+    // (The attempt's span is the current one: see `batch::attempt_span`.)
+    #[cfg(feature = "otel")]
+    crate::otel::attempt_failed(&tracing::Span::current());
     let backoff = Backoff {
         base: registration.backoff,
         max: lanes.settings.max_backoff,
