@@ -12,7 +12,8 @@ DROP TABLE IF EXISTS pgfifo.group_share;
 -- The SQL API for producers (functions/12_add_job.sql) came with 0.3.0 too,
 -- whose schema this reverts to 0.2.0's; 0.2.0 has no caller of it.
 DROP FUNCTION IF EXISTS pgfifo.add_jobs(jsonb);
-DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, interval, integer, text, integer);
+DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, interval, integer, text, integer, text, text);
+DROP FUNCTION IF EXISTS pgfifo.add_job_traced(text, text, text);
 DROP FUNCTION IF EXISTS pgfifo.add_job_checked(text, text, text, jsonb, text, timestamptz, interval, integer, text, integer);
 -- The function set recorded as installed is no longer what is installed:
 -- the next `migrate up` installs it again.

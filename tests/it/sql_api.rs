@@ -438,8 +438,8 @@ async fn the_documented_signatures_are_installed() {
             "kind text, queue text, payload jsonb, group_id text DEFAULT NULL::text, \
              run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, \
              delay interval DEFAULT NULL::interval, priority integer DEFAULT NULL::integer, \
-             unique_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer \
-             -> bigint"
+             unique_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, \
+             traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text -> bigint"
         )
     );
     assert_eq!(

@@ -206,3 +206,67 @@ async fn retention_takes_the_contexts_of_purged_jobs_with_them() {
     );
     assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job_trace").await, 1);
 }
+
+/// The SQL API for other languages takes a job's context as optional
+/// trailing parameters (`add_job`) or fields (`add_jobs`), and stores it as
+/// the traced overload does; a tracestate without a traceparent is refused
+/// and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_api_stores_the_context_it_is_given() {
+    let db = TestDb::new().await;
+    let one = db
+        .text(&format!(
+            "SELECT pgfifo.add_job(kind => 'k', queue => 'q', payload => '{{}}', \
+             group_id => 'g', traceparent => '{TP1}', tracestate => 'vendor=a')::text"
+        ))
+        .await
+        .expect("id");
+    let plain = db
+        .text("SELECT pgfifo.add_job(kind => 'k', queue => 'q', payload => '{}')::text")
+        .await
+        .expect("id");
+    let many = db
+        .text(&format!(
+            "SELECT pgfifo.add_jobs('[{{\"kind\": \"k\", \"queue\": \"q\", \"payload\": {{}}, \
+             \"traceparent\": \"{TP2}\"}}, {{\"kind\": \"k\", \"queue\": \"q\", \"payload\": 1}}]')::text"
+        ))
+        .await
+        .expect("ids");
+    let second: Vec<&str> = many
+        .trim_matches(|c| c == '{' || c == '}')
+        .split(',')
+        .collect();
+    let stored = db
+        .text(
+            "SELECT string_agg(job_id || ' ' || traceparent || ' ' || coalesce(tracestate, '-'), ',' \
+             ORDER BY job_id) FROM pgfifo.job_trace",
+        )
+        .await;
+    assert_eq!(
+        stored.as_deref(),
+        Some(format!("{one} {TP1} vendor=a,{} {TP2} -", second[0]).as_str()),
+        "contexts of {plain} (none) and {many}"
+    );
+    let err = error_of(
+        &db,
+        "SELECT pgfifo.add_job(kind => 'k', queue => 'q', payload => '{}', tracestate => 'x=y')",
+    )
+    .await;
+    assert!(
+        err.contains("tracestate is given without a traceparent"),
+        "{err}"
+    );
+    let err = error_of(
+        &db,
+        "SELECT pgfifo.add_job(kind => 'k', queue => 'q', payload => '{}', traceparent => 'bad')",
+    )
+    .await;
+    assert!(err.contains("job_trace_traceparent_check"), "{err}");
+    assert_eq!(
+        db.text("SELECT count(*)::text FROM pgfifo.job")
+            .await
+            .as_deref(),
+        Some("4"),
+        "the refused calls wrote nothing"
+    );
+}

@@ -107,6 +107,27 @@ BEGIN
 END
 $$;
 
+-- Whether a job's W3C trace context (docs/tracing.md) is to be stored:
+-- its traceparent is given and the schema keeps contexts (pgfifo.job_trace,
+-- migration 9; after `migrate down` past it the context is dropped, as
+-- pgfifo.enqueue's traced overload does). A tracestate without a
+-- traceparent is an error; the format of a traceparent is checked where it
+-- is stored (constraint job_trace_traceparent_check). Internal: called by
+-- add_job and add_jobs.
+CREATE OR REPLACE FUNCTION pgfifo.add_job_traced(p_where text, p_traceparent text, p_tracestate text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_traceparent IS NULL AND p_tracestate IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfifo: %tracestate is given without a traceparent', p_where
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                  COLUMN = 'tracestate';
+    END IF;
+    RETURN p_traceparent IS NOT NULL AND to_regclass('pgfifo.job_trace') IS NOT NULL;
+END
+$$;
+
 -- Enqueues one job and returns its id (for a unique key that an unfinished
 -- job of the queue holds, that job's id, and nothing is written). Call it
 -- with named parameters:
@@ -129,7 +150,9 @@ CREATE OR REPLACE FUNCTION pgfifo.add_job(
     delay        interval    DEFAULT NULL,
     priority     integer     DEFAULT NULL,
     unique_key   text        DEFAULT NULL,
-    max_attempts integer     DEFAULT NULL
+    max_attempts integer     DEFAULT NULL,
+    traceparent  text        DEFAULT NULL,
+    tracestate   text        DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
 AS $$
@@ -140,6 +163,12 @@ BEGIN
     FROM pgfifo.add_job_checked('', add_job.kind, add_job.queue, add_job.payload,
                                 add_job.group_id, add_job.run_at, add_job.delay,
                                 add_job.priority, add_job.unique_key, add_job.max_attempts);
+    IF pgfifo.add_job_traced('', add_job.traceparent, add_job.tracestate) THEN
+        RETURN (pgfifo.enqueue(ARRAY[add_job.queue], ARRAY[add_job.group_id], ARRAY[add_job.kind],
+                               ARRAY[add_job.payload], ARRAY[v.priority], ARRAY[v.max_attempts],
+                               ARRAY[add_job.unique_key], ARRAY[v.run_at_us], ARRAY[v.delay_us],
+                               ARRAY[add_job.traceparent], ARRAY[add_job.tracestate]))[1];
+    END IF;
     RETURN (pgfifo.enqueue(ARRAY[add_job.queue], ARRAY[add_job.group_id], ARRAY[add_job.kind],
                            ARRAY[add_job.payload], ARRAY[v.priority], ARRAY[v.max_attempts],
                            ARRAY[add_job.unique_key], ARRAY[v.run_at_us],
@@ -168,7 +197,8 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_fields constant text[] := ARRAY['kind', 'queue', 'payload', 'group_id', 'run_at', 'delay',
-                                      'priority', 'unique_key', 'max_attempts'];
+                                      'priority', 'unique_key', 'max_attempts', 'traceparent',
+                                      'tracestate'];
     v_n      integer;
     v_i      integer;
     v_job    jsonb;
@@ -188,6 +218,9 @@ DECLARE
     a_key    text[] := '{}';
     a_at     bigint[] := '{}';
     a_delay  bigint[] := '{}';
+    a_tp     text[] := '{}';
+    a_ts     text[] := '{}';
+    v_traced boolean := false;
 BEGIN
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
         RAISE EXCEPTION 'pgfifo: jobs must be a JSON array of objects (got %)',
@@ -213,7 +246,8 @@ BEGIN
         END IF;
         -- Text and number fields: JSON null is absent; another JSON type is an error.
         v_text := '{}';
-        FOREACH v_key IN ARRAY ARRAY['kind', 'queue', 'group_id', 'unique_key', 'run_at'] LOOP
+        FOREACH v_key IN ARRAY ARRAY['kind', 'queue', 'group_id', 'unique_key', 'run_at',
+                                     'traceparent', 'tracestate'] LOOP
             IF jsonb_typeof(v_job -> v_key) NOT IN ('string', 'null') THEN
                 RAISE EXCEPTION 'pgfifo: % must be a JSON string (got %)',
                     v_where || v_key, jsonb_typeof(v_job -> v_key)
@@ -275,9 +309,16 @@ BEGIN
         a_max   := a_max || v.max_attempts;
         a_at    := a_at || v.run_at_us;
         a_delay := a_delay || v.delay_us;
+        v_traced := pgfifo.add_job_traced(v_where, v_text[6], v_text[7]) OR v_traced;
+        a_tp    := a_tp || v_text[6];
+        a_ts    := a_ts || v_text[7];
     END LOOP;
     IF v_n = 0 THEN
         RETURN '{}';
+    END IF;
+    IF v_traced THEN
+        RETURN pgfifo.enqueue(a_queue, a_group, a_kind, a_pay, a_prio, a_max, a_key, a_at, a_delay,
+                              a_tp, a_ts);
     END IF;
     RETURN pgfifo.enqueue(a_queue, a_group, a_kind, a_pay, a_prio, a_max, a_key, a_at, a_delay);
 END
