@@ -13,6 +13,10 @@ DROP TABLE IF EXISTS pgfifo.group_share;
 -- whose schema this reverts to 0.2.0's; 0.2.0 has no caller of it.
 DROP FUNCTION IF EXISTS pgfifo.add_jobs(jsonb);
 DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, interval, integer, text, integer);
+DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, interval, integer, text, integer, text, text, interval);
+-- So did the windows' functions (functions/11_enqueue_window.sql).
+DROP FUNCTION IF EXISTS pgfifo.enqueue_outcomes(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[]);
+DROP FUNCTION IF EXISTS pgfifo.clean_windows(integer);
 DROP FUNCTION IF EXISTS pgfifo.add_job_checked(text, text, text, jsonb, text, timestamptz, interval, integer, text, integer);
 -- The function set recorded as installed is no longer what is installed:
 -- the next `migrate up` installs it again.

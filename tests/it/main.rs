@@ -11,6 +11,8 @@ mod smoke;
 
 // Enqueue side.
 mod bad_input;
+mod dedup_windows;
+mod dedup_windows_races;
 mod enqueue_activation;
 mod enqueue_api;
 mod enqueue_interleavings;
