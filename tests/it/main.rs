@@ -13,6 +13,7 @@ mod smoke;
 mod bad_input;
 mod dedup_windows;
 mod dedup_windows_races;
+mod dedup_windows_sql;
 mod enqueue_activation;
 mod enqueue_api;
 mod enqueue_interleavings;

@@ -438,7 +438,9 @@ async fn the_documented_signatures_are_installed() {
             "kind text, queue text, payload jsonb, group_id text DEFAULT NULL::text, \
              run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, \
              delay interval DEFAULT NULL::interval, priority integer DEFAULT NULL::integer, \
-             unique_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer \
+             unique_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, \
+             window_key text DEFAULT NULL::text, window_mode text DEFAULT NULL::text, \
+             window_period interval DEFAULT NULL::interval \
              -> bigint"
         )
     );
