@@ -417,7 +417,7 @@ async fn migrate_down_refuses_windows_clearly_and_up_brings_them_back() {
     let err = enqueue_batch_outcomes(&mut conn, [new_job("w", "g", |o| o.unique_for("k", HOUR))])
         .await
         .expect_err("no window table");
-    assert!(err.to_string().contains("migration 0011"), "{err}");
+    assert!(err.to_string().contains("migration dedup_windows"), "{err}");
     // Enqueues without windows work on the older schema, with outcomes too.
     let plain = one(&mut conn, new_job("p", "g", |o| o)).await;
     assert_eq!(plain.outcome, EnqueueOutcome::Created);

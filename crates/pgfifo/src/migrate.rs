@@ -106,15 +106,12 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0008_fair_shares/up.sql"),
         down: include_str!("../migrations/0008_fair_shares/down.sql"),
     },
-    // Its directory is numbered 11, its place once 0009 and 0010 (built
-    // beside it) are merged; versions here must run 1, 2, 3… without a gap,
-    // so on its own branch it is version 9.
     Migration {
         version: 9,
         name: "dedup_windows",
         release: "0.3.0",
-        up: include_str!("../migrations/0011_dedup_windows/up.sql"),
-        down: include_str!("../migrations/0011_dedup_windows/down.sql"),
+        up: include_str!("../migrations/0009_dedup_windows/up.sql"),
+        down: include_str!("../migrations/0009_dedup_windows/down.sql"),
     },
 ];
 

@@ -4,7 +4,7 @@
 -- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
 -- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
 -- how a change of arguments or result type is made. pgfifo.job_window comes
--- with migration 0011: every use of it is in a branch that looks for it
+-- with the migration dedup_windows: every use of it is in a branch that looks for it
 -- first (after `migrate down` it is absent).
 
 -- Enqueues a batch like pgfifo.enqueue (same first nine arguments, same
@@ -113,7 +113,7 @@ BEGIN
         v_windows := true;
     END LOOP;
     IF v_windows AND to_regclass('pgfifo.job_window') IS NULL THEN
-        RAISE EXCEPTION 'pgfifo: de-duplication windows need migration 0011 (pgfifo.job_window is missing): run `pgfifo migrate up`'
+        RAISE EXCEPTION 'pgfifo: de-duplication windows need the migration dedup_windows (pgfifo.job_window is missing): run `pgfifo migrate up`'
             USING ERRCODE = 'undefined_table', CONSTRAINT = 'pgfifo_bad_window';
     END IF;
     IF v_windows THEN

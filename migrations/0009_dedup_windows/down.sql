@@ -1,4 +1,4 @@
--- Reverts 0011_dedup_windows: the windows go. The functions stay as
+-- Reverts 0009_dedup_windows: the windows go. The functions stay as
 -- installed (see docs/upgrading.md): those that use windows look for
 -- pgfifo.job_window first, and an enqueue with a window raises a clear
 -- error until `migrate up` brings the table back. add_job keeps its 0.3.0

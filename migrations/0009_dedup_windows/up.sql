@@ -1,4 +1,4 @@
--- 0011_dedup_windows: de-duplication windows per key (docs/dedup-windows.md).
+-- 0009_dedup_windows: de-duplication windows per key (docs/dedup-windows.md).
 --
 -- One row per (queue, key) that a window holds: the job it points at, the
 -- window's mode and when it ends. The row is the key's lock: a producer
