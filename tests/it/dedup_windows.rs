@@ -9,7 +9,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use pgfifo::{
     async_trait, enqueue_batch, enqueue_batch_outcomes, migrate, EnqueueOptions, EnqueueOutcome,
-    Enqueued, Error, Handler, Job, JobContext, JobError, JobId, NewJob,
+    Enqueued, Error, Handler, Job, JobContext, JobError, JobId, NewJob, Retention,
 };
 use pgfifo_tests::{test_config, TestDb};
 use serde::{Deserialize, Serialize};
@@ -398,14 +398,35 @@ async fn retention_deletes_windows_that_hold_nothing() {
         finished.id
     ))
     .await;
-    assert_eq!(db.scalar("SELECT pgfifo.clean_windows(100)").await, 3);
+    // A runner's retention pass, in batches of 2.
+    let retention = Retention::default()
+        .finished_after(HOUR)
+        .failed_after(None)
+        .idle_groups_after(None)
+        .interval(Duration::from_millis(100))
+        .batch_size(2);
+    let runner = db.start_runner(test_config().retention(retention)).await;
+    db.wait_for(
+        "SELECT count(*) FROM pgfifo.job_window",
+        2,
+        Duration::from_secs(20),
+    )
+    .await;
+    runner.shutdown().await.unwrap();
     assert_eq!(
         db.text("SELECT string_agg(key, ',' ORDER BY key) FROM pgfifo.job_window")
             .await
             .as_deref(),
         Some("open,queued")
     );
-    let _ = (open_unique, debounced);
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT count(*) FROM pgfifo.job_window WHERE job_id IN ({}, {})",
+            open_unique.id, debounced.id
+        ))
+        .await,
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
