@@ -17,6 +17,7 @@ DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, int
 -- So did the windows' functions (functions/11_enqueue_window.sql).
 DROP FUNCTION IF EXISTS pgfifo.enqueue_outcomes(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.clean_windows(integer);
+DROP FUNCTION IF EXISTS pgfifo.window_of_job(bigint);
 DROP FUNCTION IF EXISTS pgfifo.add_job_window_checked(text, text, text, interval, text, timestamptz, interval);
 DROP FUNCTION IF EXISTS pgfifo.add_job_checked(text, text, text, jsonb, text, timestamptz, interval, integer, text, integer);
 -- The function set recorded as installed is no longer what is installed:

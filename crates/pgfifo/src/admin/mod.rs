@@ -54,7 +54,7 @@ pub use controls::{
 pub use groups::{group, groups, GroupInfo, GroupOrder, GroupQuery, GroupState};
 pub use jobs::{
     group_history, job, jobs, AttemptInfo, JobDetail, JobQuery, JobStateFilter, JobStatus,
-    JobSummary, HISTORY_WINDOW,
+    JobSummary, JobWindow, HISTORY_WINDOW,
 };
 pub use ops::{
     cancel_job, clean_groups, clean_windows, pause_group, pause_queue, purge, purge_batch,

@@ -365,7 +365,7 @@ pub async fn purge(
 
 /// Deletes up to `limit` de-duplication window rows that hold nothing any
 /// more: unique and throttle windows that ended, debounce windows whose job
-/// is no longer queued (docs/dedup-windows.md). Returns how many.
+/// has started or finished (docs/dedup-windows.md). Returns how many.
 pub async fn clean_windows(conn: &mut AsyncPgConnection, limit: i32) -> Result<u64> {
     pinned(conn, async |conn| {
         Ok(db::admin::ops::clean_windows(conn, limit)

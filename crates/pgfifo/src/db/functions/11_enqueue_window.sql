@@ -136,10 +136,11 @@ BEGIN
             IF FOUND AND v_w.mode IN ('unique', 'throttle') THEN
                 v_open := v_w.until > now();
             ELSIF FOUND THEN
-                -- A debounce window is open while its job is queued and no
-                -- runner holds it (held: it is starting, it counts as started).
+                -- A debounce window is open while its job is queued, has
+                -- never started (a job waiting for a retry has) and no runner
+                -- holds it (held: it is starting, it counts as started).
                 SELECT j.id, j.group_id INTO v_job FROM pgfifo.job AS j
-                WHERE j.id = v_w.job_id AND j.state = 'queued'
+                WHERE j.id = v_w.job_id AND j.state = 'queued' AND j.attempts = 0
                 FOR NO KEY UPDATE SKIP LOCKED;
                 v_open := FOUND;
             END IF;
@@ -231,8 +232,8 @@ END
 $$;
 
 -- Deletes window rows that hold nothing any more (at most p_limit): unique
--- and throttle windows that ended, debounce windows whose job is no longer
--- queued. Returns how many. Called by retention.
+-- and throttle windows that ended, debounce windows whose job has started
+-- or finished. Returns how many. Called by retention.
 CREATE OR REPLACE FUNCTION pgfifo.clean_windows(p_limit integer) RETURNS bigint
 LANGUAGE plpgsql
 AS $$
@@ -246,7 +247,8 @@ BEGIN
         SELECT w.queue, w.key FROM pgfifo.job_window AS w
         WHERE CASE WHEN w.mode = 'debounce'
                    THEN NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
-                                    WHERE j.id = w.job_id AND j.state = 'queued')
+                                    WHERE j.id = w.job_id AND j.state = 'queued'
+                                      AND j.attempts = 0)
                    ELSE w.until <= now() END
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED),
@@ -256,5 +258,30 @@ BEGIN
         RETURNING 1)
     SELECT count(*) INTO v_n FROM gone;
     RETURN v_n;
+END
+$$;
+
+-- The window job p_job carries, if any (none after `migrate down`): its
+-- key, mode, period and end (for debounce: the job's start), and whether
+-- it still holds its key. For `pgfifo job ID` and admin::job.
+CREATE OR REPLACE FUNCTION pgfifo.window_of_job(p_job bigint)
+RETURNS TABLE (key text, mode text, period_us bigint, until_us bigint, holds boolean)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF to_regclass('pgfifo.job_window') IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT w.key::text, w.mode,
+           (extract(epoch FROM w.period) * 1000000)::bigint,
+           (extract(epoch FROM w.until) * 1000000)::bigint,
+           CASE WHEN w.mode = 'debounce'
+                THEN EXISTS (SELECT 1 FROM pgfifo.job AS j
+                             WHERE j.id = w.job_id AND j.state = 'queued' AND j.attempts = 0)
+                ELSE w.until > now() END
+    FROM pgfifo.job_window AS w
+    WHERE w.job_id = p_job
+    LIMIT 1;
 END
 $$;
