@@ -18,6 +18,9 @@ use crate::enqueue_api::gate;
 const HOUR: Duration = Duration::from_secs(3600);
 const PRODUCERS: usize = 8;
 
+/// What a producer adds to a job's options.
+type Options = fn(EnqueueOptions) -> EnqueueOptions;
+
 /// `PRODUCERS` connections enqueue a job with `options` at once, each in a
 /// transaction of its own that commits; returns their outcomes.
 async fn race(db: &TestDb, options: fn(EnqueueOptions) -> EnqueueOptions) -> Vec<Enqueued> {
@@ -52,7 +55,7 @@ fn count(out: &[Enqueued], outcome: EnqueueOutcome) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_producers_of_one_key_make_exactly_one_job() {
     let db = setup().await;
-    let cases: [(&str, fn(EnqueueOptions) -> EnqueueOptions, EnqueueOutcome); 3] = [
+    let cases: [(&str, Options, EnqueueOutcome); 3] = [
         (
             "unique",
             |o| o.unique_for("k-unique", HOUR),

@@ -1,5 +1,7 @@
 //! `pgfifo job ID` shows the de-duplication window a job carries.
 
+// Each test binary uses part of the shared support.
+#[allow(dead_code, unused_imports)]
 mod support;
 
 use pgfifo_tests::TestDb;
