@@ -285,3 +285,82 @@ async fn a_debounced_head_holds_its_group_until_its_new_time() {
     assert_eq!(log, "v3,behind");
     runner.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn while_a_runner_holds_the_group_debounce_replaces_the_payload_and_keeps_the_start() {
+    let db = setup().await;
+    let mut conn = db.conn().await;
+    let gate_name = "dedup_held_group";
+    let running = one(&mut conn, new_gated("running", Some(gate_name), "g", |o| o)).await;
+    let runner = db.start_runner(test_config()).await;
+    db.wait_attempt_rows(running.id, 1, Duration::from_secs(20))
+        .await;
+    // Enqueued behind the running job; the runner holds the group's row.
+    let waiting = one(&mut conn, new_job("v1", "g", |o| o.debounce("busy", HOUR))).await;
+    let start = format!(
+        "SELECT run_after::text FROM pgfifo.job WHERE id = {}",
+        waiting.id
+    );
+    let before = db.text(&start).await;
+    let again = one(
+        &mut conn,
+        new_job("v2", "g", |o| o.debounce("busy", 2 * HOUR)),
+    )
+    .await;
+    assert_eq!(again.id, waiting.id);
+    assert_eq!(again.outcome, EnqueueOutcome::Debounced);
+    assert_eq!(db.text(&start).await, before, "the start stays");
+    assert_eq!(
+        db.text(&format!(
+            "SELECT payload->>'tag' FROM pgfifo.job WHERE id = {}",
+            waiting.id
+        ))
+        .await
+        .as_deref(),
+        Some("v2"),
+        "the payload is replaced"
+    );
+    gate(gate_name).add_permits(1);
+    db.wait_job_succeeded(running.id, Duration::from_secs(20))
+        .await;
+    assert_eq!(db.job_state(waiting.id).await, "queued 0");
+    runner.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_for_a_retry_has_started_and_another_kind_is_refused() {
+    let db = setup().await;
+    let mut conn = db.conn().await;
+    let first = one(&mut conn, new_job("v1", "g", |o| o.debounce("r", HOUR))).await;
+    // Another job type under the same key: its payload is not this job's.
+    let other = pgfifo::NewJob::new(
+        &crate::enqueue_api::job("other"),
+        EnqueueOptions::group("g")
+            .queue("dedup")
+            .debounce("r", HOUR),
+    )
+    .unwrap();
+    let err = pgfifo::enqueue_batch_outcomes(&mut conn, [other])
+        .await
+        .expect_err("another kind");
+    assert!(err.to_string().contains("of kind"), "{err}");
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job").await, 1);
+    // As if it had failed once and waited for its retry.
+    db.exec(&format!(
+        "UPDATE pgfifo.job SET attempts = 1 WHERE id = {}",
+        first.id
+    ))
+    .await;
+    let next = one(&mut conn, new_job("v2", "g", |o| o.debounce("r", HOUR))).await;
+    assert_eq!(next.outcome, EnqueueOutcome::Created);
+    assert!(next.id > first.id);
+    assert_eq!(
+        db.text(&format!(
+            "SELECT payload->>'tag' FROM pgfifo.job WHERE id = {}",
+            first.id
+        ))
+        .await
+        .as_deref(),
+        Some("v1")
+    );
+}

@@ -139,7 +139,7 @@ BEGIN
                 -- A debounce window is open while its job is queued, has
                 -- never started (a job waiting for a retry has) and no runner
                 -- holds it (held: it is starting, it counts as started).
-                SELECT j.id, j.group_id INTO v_job FROM pgfifo.job AS j
+                SELECT j.id, j.group_id, j.kind INTO v_job FROM pgfifo.job AS j
                 WHERE j.id = v_w.job_id AND j.state = 'queued' AND j.attempts = 0
                 FOR NO KEY UPDATE SKIP LOCKED;
                 v_open := FOUND;
@@ -160,10 +160,17 @@ BEGIN
             ids := ids || v_w.job_id;
             outcomes := outcomes || 'throttled'::text;
         ELSIF v_open THEN
-            -- Debounce a queued job (locked above). Its start moves only
-            -- when its group's row can be held too, without waiting: then
-            -- no runner can read the group's head between this change and
-            -- the commit.
+            -- Debounce a queued job (locked above), of the same kind: the
+            -- payload must be one its handler reads.
+            IF v_job.kind <> p_kind[v_i] THEN
+                RAISE EXCEPTION 'pgfifo: key % of queue % debounces job % of kind %; this job is of kind %',
+                    v_key, p_queue[v_i], v_job.id, v_job.kind, p_kind[v_i]
+                    USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_window_mode',
+                          COLUMN = 'kind';
+            END IF;
+            -- Its start moves only when its group's row can be held too,
+            -- without waiting: then no runner can read the group's head
+            -- between this change and the commit.
             v_movable := true;
             IF v_job.group_id IS NOT NULL THEN
                 SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
