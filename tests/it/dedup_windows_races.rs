@@ -364,3 +364,39 @@ async fn a_job_waiting_for_a_retry_has_started_and_another_kind_is_refused() {
         Some("v1")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock() {
+    let db = setup().await;
+    let keys = ["k-a", "k-b", "k-c", "k-d"];
+    for round in 0..5 {
+        let barrier = Arc::new(Barrier::new(2));
+        let mut tasks = Vec::new();
+        for reversed in [false, true] {
+            let mut conn = db.direct().await;
+            let barrier = barrier.clone();
+            let mut order: Vec<&'static str> = keys.to_vec();
+            if reversed {
+                order.reverse();
+            }
+            tasks.push(tokio::spawn(async move {
+                conn.batch_execute("BEGIN").await.unwrap();
+                barrier.wait().await;
+                let jobs = order.iter().map(|k| {
+                    let key = format!("{k}-{round}");
+                    new_job(k, "g", move |o| o.unique_for(key, HOUR))
+                });
+                let out = pgfifo::enqueue_batch_outcomes(&mut conn, jobs).await;
+                conn.batch_execute("COMMIT").await.unwrap();
+                out
+            }));
+        }
+        let mut created = 0;
+        for task in tasks {
+            let out = task.await.unwrap().expect("no deadlock");
+            created += count(&out, EnqueueOutcome::Created);
+        }
+        assert_eq!(created, keys.len(), "round {round}: one job per key");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job").await, 20);
+}

@@ -93,7 +93,7 @@ impl EnqueueOptions {
     /// enqueues inside the window return this job's id
     /// ([`EnqueueOutcome::Deduplicated`]).
     pub fn unique_for(self, key: impl Into<String>, period: Duration) -> Self {
-        self.window(key.into(), WindowMode::Unique, period)
+        self.with_window(key.into(), WindowMode::Unique, period)
     }
 
     /// Debounce by `key`: while the key's job has not started, an enqueue
@@ -103,24 +103,24 @@ impl EnqueueOptions {
     /// created. Not together with [`run_at`](Self::run_at) or
     /// [`run_in`](Self::run_in).
     pub fn debounce(self, key: impl Into<String>, quiet: Duration) -> Self {
-        self.window(key.into(), WindowMode::Debounce, quiet)
+        self.with_window(key.into(), WindowMode::Debounce, quiet)
     }
 
     /// At most one job with `key` per `period`, in slots aligned to the
     /// period (from the Unix epoch): enqueues in a slot that has its job
     /// write nothing and return that job's id ([`EnqueueOutcome::Throttled`]).
     pub fn throttle(self, key: impl Into<String>, period: Duration) -> Self {
-        self.window(key.into(), WindowMode::Throttle, period)
+        self.with_window(key.into(), WindowMode::Throttle, period)
     }
 
-    fn window(mut self, key: String, mode: WindowMode, period: Duration) -> Self {
+    fn with_window(mut self, key: String, mode: WindowMode, period: Duration) -> Self {
         self.windows_given = self.windows_given.saturating_add(1);
         self.window = Some(Window { key, mode, period });
         self
     }
 
     /// The window set here, if any.
-    pub fn window_of(&self) -> Option<&Window> {
+    pub fn window(&self) -> Option<&Window> {
         self.window.as_ref()
     }
 }
