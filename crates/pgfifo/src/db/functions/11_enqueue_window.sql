@@ -3,9 +3,9 @@
 --
 -- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
 -- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
--- how a change of arguments or result type is made. pgfifo.job_window comes
--- with the migration dedup_windows: every use of it is in a branch that looks for it
--- first (after `migrate down` it is absent).
+-- how a change of arguments or result type is made. pgfifo.job_window
+-- comes with the migration dedup_windows: every use of it is in a branch
+-- that looks for it first (after `migrate down` it is absent).
 
 -- Enqueues a batch like pgfifo.enqueue (same first nine arguments, same
 -- locking contract: each job is enqueued by a one-row call of it) and says,
@@ -129,6 +129,7 @@ BEGIN
         v_mode := p_window_mode[v_i];
         v_period := p_window_us[v_i] * interval '1 microsecond';
         v_w := NULL;
+        v_head := NULL;
         v_open := false;
         IF v_key IS NOT NULL THEN
             SELECT w.mode, w.job_id, w.until INTO v_w FROM pgfifo.job_window AS w
