@@ -12,8 +12,14 @@ DROP TABLE IF EXISTS pgfifo.group_share;
 -- The SQL API for producers (functions/12_add_job.sql) came with 0.3.0 too,
 -- whose schema this reverts to 0.2.0's; 0.2.0 has no caller of it.
 DROP FUNCTION IF EXISTS pgfifo.add_jobs(jsonb);
-DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, interval, integer, text, integer, text, text);
+DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, interval, integer, text, integer, text, text, text, text, interval);
 DROP FUNCTION IF EXISTS pgfifo.add_job_traced(text, text, text);
+DROP FUNCTION IF EXISTS pgfifo.add_job_windowed(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[], text[], text[]);
+-- So did the windows' functions (functions/11_enqueue_window.sql).
+DROP FUNCTION IF EXISTS pgfifo.enqueue_outcomes(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[]);
+DROP FUNCTION IF EXISTS pgfifo.clean_windows(integer);
+DROP FUNCTION IF EXISTS pgfifo.window_of_job(bigint);
+DROP FUNCTION IF EXISTS pgfifo.add_job_window_checked(text, text, text, interval, text, timestamptz, interval);
 DROP FUNCTION IF EXISTS pgfifo.add_job_checked(text, text, text, jsonb, text, timestamptz, interval, integer, text, integer);
 -- The function set recorded as installed is no longer what is installed:
 -- the next `migrate up` installs it again.

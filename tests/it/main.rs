@@ -11,6 +11,9 @@ mod smoke;
 
 // Enqueue side.
 mod bad_input;
+mod dedup_windows;
+mod dedup_windows_races;
+mod dedup_windows_sql;
 mod enqueue_activation;
 mod enqueue_api;
 mod enqueue_interleavings;

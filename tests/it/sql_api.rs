@@ -439,7 +439,10 @@ async fn the_documented_signatures_are_installed() {
              run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, \
              delay interval DEFAULT NULL::interval, priority integer DEFAULT NULL::integer, \
              unique_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, \
-             traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text -> bigint"
+             traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text, \
+             window_key text DEFAULT NULL::text, window_mode text DEFAULT NULL::text, \
+             window_period interval DEFAULT NULL::interval \
+             -> bigint"
         )
     );
     assert_eq!(

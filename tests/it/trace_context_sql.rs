@@ -247,6 +247,26 @@ async fn the_sql_api_stores_the_context_it_is_given() {
         Some(format!("{one} {TP1} vendor=a,{} {TP2} -", second[0]).as_str()),
         "contexts of {plain} (none) and {many}"
     );
+    // With a window: the job it creates keeps the context; a call folded
+    // into that job stores nothing.
+    let windowed = |tp: &str| {
+        format!(
+            "SELECT pgfifo.add_job(kind => 'k', queue => 'q', payload => '{{}}', \
+             traceparent => '{tp}', window_key => 'w', window_mode => 'unique', \
+             window_period => '1 hour')::text"
+        )
+    };
+    let first = db.text(&windowed(TP1)).await.expect("id");
+    let again = db.text(&windowed(TP2)).await.expect("id");
+    assert_eq!(first, again, "the window folded the second call");
+    assert_eq!(
+        db.text(&format!(
+            "SELECT string_agg(traceparent, ',') FROM pgfifo.job_trace WHERE job_id = {first}"
+        ))
+        .await
+        .as_deref(),
+        Some(TP1)
+    );
     let err = error_of(
         &db,
         "SELECT pgfifo.add_job(kind => 'k', queue => 'q', payload => '{}', tracestate => 'x=y')",
@@ -266,7 +286,7 @@ async fn the_sql_api_stores_the_context_it_is_given() {
         db.text("SELECT count(*)::text FROM pgfifo.job")
             .await
             .as_deref(),
-        Some("4"),
+        Some("5"),
         "the refused calls wrote nothing"
     );
 }

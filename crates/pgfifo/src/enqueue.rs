@@ -10,6 +10,9 @@ use crate::db::enqueue::EnqueueArrays;
 use crate::names::{validate_group, validate_queue, MAX_GROUP_LEN};
 use crate::{Error, JobId, Result};
 
+mod window;
+pub use window::{enqueue_batch_outcomes, EnqueueOutcome, Enqueued, Window, WindowMode};
+
 /// Options of one enqueued job. Start from [`EnqueueOptions::group`] or
 /// [`EnqueueOptions::ungrouped`].
 ///
@@ -33,6 +36,8 @@ pub struct EnqueueOptions {
     unique_key: Option<String>,
     run_at: Option<SystemTime>,
     delay: Option<Duration>,
+    window: Option<Window>,
+    windows_given: u8,
 }
 
 impl EnqueueOptions {
@@ -115,7 +120,7 @@ impl EnqueueOptions {
     /// declarations of a schedule.
     pub(crate) fn to_json(&self) -> serde_json::Value {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "group": self.group,
             "queue": self.queue,
             "priority": self.priority,
@@ -123,7 +128,14 @@ impl EnqueueOptions {
             "unique_key": self.unique_key,
             "run_at_us": self.run_at.and_then(|at| micros_since_epoch(at).ok()),
             "delay_us": self.delay.map(micros),
-        })
+        });
+        // Only when set: schedules declared before windows compare equal.
+        if let Some(w) = &self.window {
+            json["window"] = serde_json::json!({
+                "key": w.key, "mode": w.mode.as_str(), "period_us": micros(w.period),
+            });
+        }
+        json
     }
 }
 
@@ -140,6 +152,7 @@ pub struct NewJob {
     unique_key: Option<String>,
     run_at_us: Option<i64>,
     delay_us: Option<i64>,
+    window: Option<(Window, i64)>,
 }
 
 /// What [`NewJob`] takes from the job's type: its kind and its defaults.
@@ -160,6 +173,7 @@ impl NewJob {
         payload: serde_json::Value,
         options: EnqueueOptions,
     ) -> Result<Self> {
+        let window = window::checked(&options)?;
         let queue = options.queue.unwrap_or_else(|| defaults.queue.to_owned());
         validate_queue(&queue)?;
         if let Some(group) = &options.group {
@@ -210,6 +224,7 @@ impl NewJob {
             unique_key: options.unique_key,
             run_at_us,
             delay_us,
+            window,
         })
     }
 
@@ -239,6 +254,10 @@ pub async fn enqueue_batch(
     conn: &mut AsyncPgConnection,
     jobs: impl IntoIterator<Item = NewJob>,
 ) -> Result<Vec<JobId>> {
+    let jobs: Vec<NewJob> = jobs.into_iter().collect();
+    if window::any_window(&jobs) {
+        return Ok(window::run(conn, jobs).await?.0);
+    }
     let mut arrays = EnqueueArrays::default();
     for job in jobs {
         arrays.queue.push(job.queue);

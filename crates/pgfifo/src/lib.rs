@@ -81,6 +81,7 @@ pub use diesel;
 /// The diesel-async version pgfifo is built on (`AsyncPgConnection`, `RunQueryDsl`).
 pub use diesel_async;
 pub use enqueue::{enqueue_batch, EnqueueOptions, NewJob};
+pub use enqueue::{enqueue_batch_outcomes, EnqueueOutcome, Enqueued, Window, WindowMode};
 pub use error::{Error, RegistrationProblem, Result, ScheduleProblem};
 pub use handler::Handler;
 pub use job::Job;

@@ -113,6 +113,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0009_trace_context/up.sql"),
         down: include_str!("../migrations/0009_trace_context/down.sql"),
     },
+    Migration {
+        version: 10,
+        name: "dedup_windows",
+        release: "0.3.0",
+        up: include_str!("../migrations/0010_dedup_windows/up.sql"),
+        down: include_str!("../migrations/0010_dedup_windows/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.
@@ -134,6 +141,7 @@ macro_rules! function_sources {
 pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "00_helpers.sql",
     "10_enqueue.sql",
+    "11_enqueue_window.sql",
     "12_add_job.sql",
     "15_controls.sql",
     "20_promote.sql",

@@ -153,6 +153,27 @@ pub async fn job(conn: &mut AsyncPgConnection, out: Output, id: JobId) -> CliRes
     out.emit(&job, render_job)
 }
 
+/// The job's de-duplication window: `throttle "sync-42" every 10m, until
+/// <time>`, and whether its key still leads to the job.
+fn window(job: &JobDetail) -> String {
+    let Some(w) = &job.window else {
+        return "-".into();
+    };
+    let period = std::time::Duration::from_micros(w.period_us.unsigned_abs());
+    let period = if period.subsec_nanos() == 0 {
+        crate::duration::format_age(period)
+    } else {
+        format!("{period:?}")
+    };
+    let state = if w.holds { "holds its key" } else { "ended" };
+    format!(
+        "{} {:?} for {period}, until {} ({state})",
+        w.mode,
+        w.key,
+        time(w.until)
+    )
+}
+
 /// One job for people: its fields, payload, result and attempt log.
 fn render_job(job: &JobDetail) -> String {
     let j = &job.summary;
@@ -166,6 +187,7 @@ fn render_job(job: &JobDetail) -> String {
         ("priority", job.priority.to_string()),
         ("unique key", or_dash(job.unique_key.as_deref())),
         ("group head", yes_no(job.is_head)),
+        ("window", window(job)),
         (
             "created",
             format!("{} ({} ago)", time(j.created_at), ago(j.created_at)),

@@ -137,8 +137,28 @@ pub struct JobDetail {
     pub unique_key: Option<String>,
     /// Whether it is its group's head (runs next, is running, or holds it).
     pub is_head: bool,
+    /// The de-duplication window it carries, if any (docs/dedup-windows.md).
+    pub window: Option<JobWindow>,
     /// Every recorded attempt, oldest first.
     pub attempt_log: Vec<AttemptInfo>,
+}
+
+/// The de-duplication window a job carries (while its key row is kept:
+/// retention deletes it some time after the window ends).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobWindow {
+    /// The key (per queue).
+    pub key: String,
+    /// `unique`, `debounce` or `throttle`.
+    pub mode: String,
+    /// The window's period (debounce: the quiet period), in microseconds.
+    pub period_us: i64,
+    /// When the window ends (debounce: the job's start time).
+    #[serde(serialize_with = "ser_time")]
+    pub until: SystemTime,
+    /// Whether the key still leads to this job: the window has not ended
+    /// (debounce: the job has not started).
+    pub holds: bool,
 }
 
 /// One recorded attempt.
@@ -260,6 +280,15 @@ pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDe
                 error: a.error,
             })
             .collect();
+        let window = db::admin::window::window_of_job(conn, id)
+            .await?
+            .map(|w| JobWindow {
+                key: w.key,
+                mode: w.mode,
+                period_us: w.period_us,
+                until: from_micros(w.until_us),
+                holds: w.holds,
+            });
         Ok(Some(JobDetail {
             summary: row.job.into(),
             payload: row.payload,
@@ -267,6 +296,7 @@ pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDe
             priority: row.priority,
             unique_key: row.unique_key,
             is_head: row.is_head,
+            window,
             attempt_log,
         }))
     })

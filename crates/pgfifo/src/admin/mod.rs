@@ -20,7 +20,7 @@
 //! | pause and resume a queue or one group | [`pause_queue`], [`pause_group`], … |
 //! | failure policy of a queue | [`set_failure_policy`] |
 //! | rate limits per group, and a queue's defaults | [`set_group_limits`], [`set_default_group_limits`], [`reset_group_limits`], [`limits`] |
-//! | delete old finished jobs, idle groups | [`purge`], [`clean_groups`] |
+//! | delete old finished jobs, idle groups, ended windows | [`purge`], [`clean_groups`], [`clean_windows`] |
 //! | recurring jobs: list, recent ticks, pause, resume, delete | [`schedules`], [`schedule_ticks`], [`pause_schedule`], [`resume_schedule`], [`delete_schedule`] |
 //!
 //! ```no_run
@@ -54,12 +54,12 @@ pub use controls::{
 pub use groups::{group, groups, GroupInfo, GroupOrder, GroupQuery, GroupState};
 pub use jobs::{
     group_history, job, jobs, AttemptInfo, JobDetail, JobQuery, JobStateFilter, JobStatus,
-    JobSummary, HISTORY_WINDOW,
+    JobSummary, JobWindow, HISTORY_WINDOW,
 };
 pub use ops::{
-    cancel_job, clean_groups, pause_group, pause_queue, purge, purge_batch, resume_group,
-    resume_queue, retry_failed, retry_jobs, set_failure_policy, skip_head, FailurePolicy,
-    FinishedState, PurgeBatch, Retried, RetryResult, PURGE_BATCH,
+    cancel_job, clean_groups, clean_windows, pause_group, pause_queue, purge, purge_batch,
+    resume_group, resume_queue, retry_failed, retry_jobs, set_failure_policy, skip_head,
+    FailurePolicy, FinishedState, PurgeBatch, Retried, RetryResult, PURGE_BATCH,
 };
 pub use runners::{runners, throughput, MinuteCount, RunnerInfo};
 pub use schedules::{

@@ -363,6 +363,18 @@ pub async fn purge(
     }
 }
 
+/// Deletes up to `limit` de-duplication window rows that hold nothing any
+/// more: unique and throttle windows that ended, debounce windows whose job
+/// has started or finished (docs/dedup-windows.md). Returns how many.
+pub async fn clean_windows(conn: &mut AsyncPgConnection, limit: i32) -> Result<u64> {
+    pinned(conn, async |conn| {
+        Ok(db::admin::ops::clean_windows(conn, limit)
+            .await?
+            .unsigned_abs())
+    })
+    .await
+}
+
 /// Deletes up to `limit` `queue_group` rows idle for more than `idle_for`
 /// (groups come back by themselves with their next job), and the slots,
 /// token buckets and snooze marks of deleted groups (limits set for a group

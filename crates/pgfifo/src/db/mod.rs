@@ -11,6 +11,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod enqueue;
+pub(crate) mod enqueue_window;
 pub(crate) mod error;
 pub(crate) mod hosts;
 pub(crate) mod long_run;

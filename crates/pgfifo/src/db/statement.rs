@@ -88,6 +88,8 @@ binds_for_tuples! {
     9: (T0 S0 0, T1 S1 1, T2 S2 2, T3 S3 3, T4 S4 4, T5 S5 5, T6 S6 6, T7 S7 7, T8 S8 8);
     10: (T0 S0 0, T1 S1 1, T2 S2 2, T3 S3 3, T4 S4 4, T5 S5 5, T6 S6 6, T7 S7 7, T8 S8 8, T9 S9 9);
     11: (T0 S0 0, T1 S1 1, T2 S2 2, T3 S3 3, T4 S4 4, T5 S5 5, T6 S6 6, T7 S7 7, T8 S8 8, T9 S9 9, T10 S10 10);
+    12: (T0 S0 0, T1 S1 1, T2 S2 2, T3 S3 3, T4 S4 4, T5 S5 5, T6 S6 6, T7 S7 7, T8 S8 8, T9 S9 9,
+         T10 S10 10, T11 S11 11);
 }
 
 /// The pieces of `text` around its placeholders: `(sql before, Some(n))`

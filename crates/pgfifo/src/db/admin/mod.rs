@@ -5,3 +5,4 @@ pub(crate) mod controls;
 pub(crate) mod inspect;
 pub(crate) mod ops;
 pub(crate) mod status;
+pub(crate) mod window;

@@ -227,6 +227,19 @@ pub(crate) async fn clean_groups(
     Ok(row.n)
 }
 
+/// Deletes up to `limit` de-duplication window rows that hold nothing any
+/// more; how many.
+pub(crate) async fn clean_windows(
+    conn: &mut AsyncPgConnection,
+    limit: i32,
+) -> diesel::QueryResult<i64> {
+    let row: CountRow = diesel::sql_query("SELECT pgfifo.clean_windows($1) AS n")
+        .bind::<Integer, _>(limit)
+        .get_result(conn)
+        .await?;
+    Ok(row.n)
+}
+
 /// Deletes up to `limit` rows each of the slots, buckets and snooze marks
 /// of groups that no longer have a group row; returns how many.
 pub(crate) async fn clean_group_controls(

@@ -128,6 +128,90 @@ BEGIN
 END
 $$;
 
+-- Checks a job's de-duplication window (docs/dedup-windows.md) and returns
+-- its period in microseconds (NULL: no window). Internal: called by add_job
+-- and add_jobs. Errors as add_job_checked's.
+CREATE OR REPLACE FUNCTION pgfifo.add_job_window_checked(
+    p_where      text,
+    p_key        text,
+    p_mode       text,
+    p_period     interval,
+    p_unique_key text,
+    p_run_at     timestamptz,
+    p_delay      interval
+) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_field   text;
+    v_problem text;
+    v_us      numeric;
+BEGIN
+    IF p_key IS NULL AND p_mode IS NULL AND p_period IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF p_mode IS NULL OR p_mode NOT IN ('unique', 'debounce', 'throttle') THEN
+        v_field := 'window_mode';
+        v_problem := 'must be unique, debounce or throttle when window_key or window_period is given';
+    ELSIF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 256 THEN
+        v_field := 'window_key';
+        v_problem := 'must be a key of 1 to 256 bytes for a ' || p_mode || ' window';
+    ELSIF p_period IS NULL OR NOT isfinite(p_period) OR p_period <= interval '0' THEN
+        v_field := 'window_period';
+        v_problem := 'must be a positive interval for a ' || p_mode || ' window';
+    ELSIF p_unique_key IS NOT NULL THEN
+        v_field := 'unique_key';
+        v_problem := 'and a ' || p_mode || ' window are both given: give one of them';
+    ELSIF p_mode = 'debounce' AND (p_run_at IS NOT NULL OR p_delay IS NOT NULL) THEN
+        v_field := 'run_at';
+        v_problem := 'and delay do not apply to a debounced job (it starts at now + window_period)';
+    END IF;
+    IF v_field IS NULL THEN
+        v_us := round(extract(epoch FROM p_period) * 1000000);
+        IF v_us < 1 OR v_us > 9223372036854775807 THEN
+            v_field := 'window_period';
+            v_problem := 'must be between 1 microsecond and about 292000 years';
+        END IF;
+    END IF;
+    IF v_field IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfifo: % %', p_where || v_field, v_problem
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                  COLUMN = v_field;
+    END IF;
+    RETURN v_us::bigint;
+END
+$$;
+
+-- Enqueues jobs with de-duplication windows (pgfifo.enqueue_outcomes) and
+-- stores the trace contexts given (p_traceparent NULL: none) of the jobs
+-- it created; a job it folded a row into keeps its own. Returns the ids.
+-- Internal: called by add_job and add_jobs.
+CREATE OR REPLACE FUNCTION pgfifo.add_job_windowed(
+    p_queue text[], p_group text[], p_kind text[], p_payload jsonb[], p_priority smallint[],
+    p_max_attempts integer[], p_unique_key text[], p_run_at_us bigint[], p_delay_us bigint[],
+    p_window_key text[], p_window_mode text[], p_window_us bigint[],
+    p_traceparent text[], p_tracestate text[]
+) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    o record;
+BEGIN
+    SELECT * INTO o
+    FROM pgfifo.enqueue_outcomes(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                                 p_unique_key, p_run_at_us, p_delay_us,
+                                 p_window_key, p_window_mode, p_window_us);
+    IF p_traceparent IS NOT NULL AND to_regclass('pgfifo.job_trace') IS NOT NULL THEN
+        INSERT INTO pgfifo.job_trace (job_id, traceparent, tracestate)
+        SELECT t.id, t.tp, nullif(t.ts, '')
+        FROM unnest(o.ids, o.outcomes, p_traceparent, p_tracestate) AS t(id, outcome, tp, ts)
+        WHERE t.outcome = 'created' AND t.tp IS NOT NULL
+        ON CONFLICT (job_id) DO NOTHING;
+    END IF;
+    RETURN o.ids;
+END
+$$;
+
 -- Enqueues one job and returns its id (for a unique key that an unfinished
 -- job of the queue holds, that job's id, and nothing is written). Call it
 -- with named parameters:
@@ -140,7 +224,10 @@ $$;
 -- ungrouped job), run now, priority 0, no unique key, 5 attempts (the
 -- defaults of #[derive(Job)]; a type's own attributes are not known here:
 -- `pgfifo job-types --json` prints them). NULL in an optional parameter
--- means its default.
+-- means its default. window_key, window_mode ('unique', 'debounce',
+-- 'throttle') and window_period give the job a de-duplication window
+-- (docs/dedup-windows.md): the id returned is then the job the window
+-- folded this one into, if it did.
 CREATE OR REPLACE FUNCTION pgfifo.add_job(
     kind         text,
     queue        text,
@@ -152,18 +239,37 @@ CREATE OR REPLACE FUNCTION pgfifo.add_job(
     unique_key   text        DEFAULT NULL,
     max_attempts integer     DEFAULT NULL,
     traceparent  text        DEFAULT NULL,
-    tracestate   text        DEFAULT NULL
+    tracestate   text        DEFAULT NULL,
+    window_key   text        DEFAULT NULL,
+    window_mode  text        DEFAULT NULL,
+    window_period interval   DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v record;
+    v        record;
+    v_us     bigint;
+    v_traced boolean;
+    v_ids    bigint[];
 BEGIN
     SELECT * INTO v
     FROM pgfifo.add_job_checked('', add_job.kind, add_job.queue, add_job.payload,
                                 add_job.group_id, add_job.run_at, add_job.delay,
                                 add_job.priority, add_job.unique_key, add_job.max_attempts);
-    IF pgfifo.add_job_traced('', add_job.traceparent, add_job.tracestate) THEN
+    v_us := pgfifo.add_job_window_checked('', add_job.window_key, add_job.window_mode,
+                                          add_job.window_period, add_job.unique_key,
+                                          add_job.run_at, add_job.delay);
+    v_traced := pgfifo.add_job_traced('', add_job.traceparent, add_job.tracestate);
+    IF v_us IS NOT NULL THEN
+        v_ids := pgfifo.add_job_windowed(
+            ARRAY[add_job.queue], ARRAY[add_job.group_id], ARRAY[add_job.kind],
+            ARRAY[add_job.payload], ARRAY[v.priority], ARRAY[v.max_attempts],
+            ARRAY[NULL::text], ARRAY[v.run_at_us], ARRAY[v.delay_us],
+            ARRAY[add_job.window_key], ARRAY[add_job.window_mode], ARRAY[v_us],
+            CASE WHEN v_traced THEN ARRAY[add_job.traceparent] END, ARRAY[add_job.tracestate]);
+        RETURN v_ids[1];
+    END IF;
+    IF v_traced THEN
         RETURN (pgfifo.enqueue(ARRAY[add_job.queue], ARRAY[add_job.group_id], ARRAY[add_job.kind],
                                ARRAY[add_job.payload], ARRAY[v.priority], ARRAY[v.max_attempts],
                                ARRAY[add_job.unique_key], ARRAY[v.run_at_us], ARRAY[v.delay_us],
@@ -189,7 +295,8 @@ $$;
 --
 -- run_at is a time as PostgreSQL reads timestamptz ("2030-01-02T03:04:05Z");
 -- delay an interval ("90 seconds", "PT90S") or a number of seconds. Jobs of
--- one group are ordered as given. A field that is not one of add_job's is an
+-- one group are ordered as given; window_period, like delay, is an interval
+-- or a number of seconds. A field that is not one of add_job's is an
 -- error (a misspelt field would otherwise be dropped silently), and so is
 -- any bad field of any job: then no job is written.
 CREATE OR REPLACE FUNCTION pgfifo.add_jobs(jobs jsonb) RETURNS bigint[]
@@ -198,7 +305,7 @@ AS $$
 DECLARE
     v_fields constant text[] := ARRAY['kind', 'queue', 'payload', 'group_id', 'run_at', 'delay',
                                       'priority', 'unique_key', 'max_attempts', 'traceparent',
-                                      'tracestate'];
+                                      'tracestate', 'window_key', 'window_mode', 'window_period'];
     v_n      integer;
     v_i      integer;
     v_job    jsonb;
@@ -218,6 +325,11 @@ DECLARE
     a_key    text[] := '{}';
     a_at     bigint[] := '{}';
     a_delay  bigint[] := '{}';
+    a_wkey   text[] := '{}';
+    a_wmode  text[] := '{}';
+    a_wus    bigint[] := '{}';
+    v_period interval;
+    v_us     bigint;
     a_tp     text[] := '{}';
     a_ts     text[] := '{}';
     v_traced boolean := false;
@@ -247,7 +359,7 @@ BEGIN
         -- Text and number fields: JSON null is absent; another JSON type is an error.
         v_text := '{}';
         FOREACH v_key IN ARRAY ARRAY['kind', 'queue', 'group_id', 'unique_key', 'run_at',
-                                     'traceparent', 'tracestate'] LOOP
+                                     'window_key', 'window_mode', 'traceparent', 'tracestate'] LOOP
             IF jsonb_typeof(v_job -> v_key) NOT IN ('string', 'null') THEN
                 RAISE EXCEPTION 'pgfifo: % must be a JSON string (got %)',
                     v_where || v_key, jsonb_typeof(v_job -> v_key)
@@ -291,6 +403,20 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
                       COLUMN = 'delay';
         END;
+        BEGIN
+            IF coalesce(jsonb_typeof(v_job -> 'window_period'), 'null') NOT IN ('number', 'string', 'null') THEN
+                RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            v_period := CASE jsonb_typeof(v_job -> 'window_period')
+                WHEN 'number' THEN (v_job ->> 'window_period')::double precision * interval '1 second'
+                WHEN 'string' THEN (v_job ->> 'window_period')::interval
+                END;
+        EXCEPTION WHEN data_exception THEN
+            RAISE EXCEPTION 'pgfifo: %window_period must be an interval such as "10 minutes" or a number of seconds (got %)',
+                v_where, v_job -> 'window_period'
+                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+                      COLUMN = 'window_period';
+        END;
         IF NOT (v_job ? 'payload') THEN
             RAISE EXCEPTION 'pgfifo: %payload is missing (a job without data has the payload null or {})',
                 v_where
@@ -300,6 +426,11 @@ BEGIN
         SELECT * INTO v
         FROM pgfifo.add_job_checked(v_where, v_text[1], v_text[2], v_job -> 'payload', v_text[3],
                                     v_at, v_delay, v_int[1], v_text[4], v_int[2]);
+        v_us := pgfifo.add_job_window_checked(v_where, v_text[6], v_text[7], v_period, v_text[4],
+                                              v_at, v_delay);
+        a_wkey  := a_wkey || v_text[6];
+        a_wmode := a_wmode || v_text[7];
+        a_wus   := a_wus || v_us;
         a_kind  := a_kind || v_text[1];
         a_queue := a_queue || v_text[2];
         a_pay   := a_pay || (v_job -> 'payload');
@@ -309,12 +440,18 @@ BEGIN
         a_max   := a_max || v.max_attempts;
         a_at    := a_at || v.run_at_us;
         a_delay := a_delay || v.delay_us;
-        v_traced := pgfifo.add_job_traced(v_where, v_text[6], v_text[7]) OR v_traced;
-        a_tp    := a_tp || v_text[6];
-        a_ts    := a_ts || v_text[7];
+        v_traced := pgfifo.add_job_traced(v_where, v_text[8], v_text[9]) OR v_traced;
+        a_tp    := a_tp || v_text[8];
+        a_ts    := a_ts || v_text[9];
     END LOOP;
     IF v_n = 0 THEN
         RETURN '{}';
+    END IF;
+    IF cardinality(array_remove(a_wus, NULL)) > 0 THEN
+        -- With windows: the id of each row's job, new or folded into.
+        RETURN pgfifo.add_job_windowed(a_queue, a_group, a_kind, a_pay, a_prio, a_max, a_key, a_at,
+                                       a_delay, a_wkey, a_wmode, a_wus,
+                                       CASE WHEN v_traced THEN a_tp END, a_ts);
     END IF;
     IF v_traced THEN
         RETURN pgfifo.enqueue(a_queue, a_group, a_kind, a_pay, a_prio, a_max, a_key, a_at, a_delay,

@@ -322,6 +322,9 @@ impl Pass<'_> {
         if let Some(idle) = self.retention.idle_groups_after.filter(|_| complete) {
             complete &= self.clean_groups(conn, idle, deleted).await?;
         }
+        if complete {
+            complete &= self.clean_windows(conn).await?;
+        }
         Ok(complete)
     }
 
@@ -382,6 +385,18 @@ impl Pass<'_> {
                 return Ok(false);
             }
         }
+    }
+
+    /// Deletes window rows that hold nothing, batch by batch.
+    /// `Ok(false)`: cut short by shutdown.
+    async fn clean_windows(&self, conn: &mut AsyncPgConnection) -> Result<bool> {
+        let limit = self.retention.batch_size;
+        while self.bounded(admin::clean_windows(conn, limit)).await? >= limit as u64 {
+            if !self.pause().await {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The pause between batches; `false` when the runner is stopping.
