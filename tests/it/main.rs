@@ -42,6 +42,7 @@ mod hot_groups;
 mod hot_groups_cut;
 mod hot_groups_sql;
 mod long_mode;
+mod queue_limits;
 mod retries;
 mod schedules;
 mod stored_bad_input;

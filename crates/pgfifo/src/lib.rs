@@ -61,6 +61,7 @@ mod job_error;
 mod job_types;
 pub mod migrate;
 mod names;
+mod queue_limits;
 mod registry;
 pub mod runner;
 pub mod schedule;
@@ -86,6 +87,7 @@ pub use job_error::{FailureKind, JobError};
 pub use job_types::{job_types, JobType};
 pub use migrate::migrate;
 pub use names::{MAX_GROUP_LEN, MAX_KIND_LEN, MAX_QUEUE_LEN};
+pub use queue_limits::{QueueLimits, MAX_QUEUE_CONCURRENCY};
 pub use runner::{Retention, RunnerConfig, RunnerHandle};
 pub use schedule::{Missed, Schedule};
 

@@ -106,6 +106,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0008_fair_shares/up.sql"),
         down: include_str!("../migrations/0008_fair_shares/down.sql"),
     },
+    Migration {
+        version: 10,
+        name: "queue_limits",
+        release: "0.3.0",
+        up: include_str!("../migrations/0010_queue_limits/up.sql"),
+        down: include_str!("../migrations/0010_queue_limits/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.
@@ -129,6 +136,7 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "10_enqueue.sql",
     "12_add_job.sql",
     "15_controls.sql",
+    "16_queue_limits.sql",
     "20_promote.sql",
     "30_advance_head.sql",
     "40_pick.sql",

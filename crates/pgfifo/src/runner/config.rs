@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::maintenance::Retention;
 use crate::admin::RUNNER_ALIVE;
 use crate::schedule::Schedule;
-use crate::{Error, GroupLimits, Result};
+use crate::{Error, GroupLimits, QueueLimits, Result};
 
 /// How a runner works. Start from `RunnerConfig::default()` and adjust:
 ///
@@ -134,6 +134,9 @@ pub struct RunnerConfig {
     /// Default limits for the groups of a queue, written to the database at
     /// start (see [`group_limits`](Self::group_limits)).
     pub group_limits: Vec<(String, GroupLimits)>,
+    /// Whole queues' limits this runner sets at its start (see
+    /// [`queue_limits`](Self::queue_limits)).
+    pub queue_limits: Vec<(String, QueueLimits)>,
     /// A URL straight to PostgreSQL, for what a transaction-mode pooler
     /// cannot carry: the LISTEN connection and retention's session lock.
     /// Only read when the pool's connections go through such a pooler
@@ -209,6 +212,7 @@ impl Default for RunnerConfig {
             batch_window: Duration::from_millis(25),
             schedules: Vec::new(),
             group_limits: Vec::new(),
+            queue_limits: Vec::new(),
             direct_url: None,
             round_trip_timeout: Duration::from_secs(10),
         }
@@ -348,6 +352,24 @@ impl RunnerConfig {
         self
     }
 
+    /// Sets the limits of a whole queue when the runner starts, replacing
+    /// those it had (as [`admin::set_queue_limits`](crate::admin::set_queue_limits)
+    /// does): at most `concurrency` of its jobs run at once across all
+    /// runners, and its starts draw from one token bucket. Several runners
+    /// with different values: the last one started wins.
+    ///
+    /// ```
+    /// use pgfifo::{QueueLimits, Rate, RunnerConfig};
+    ///
+    /// let config = RunnerConfig::default()
+    ///     .queue_limits("payments", QueueLimits::new().concurrency(20).rate(Rate::per_minute(100)?));
+    /// # Ok::<(), pgfifo::Error>(())
+    /// ```
+    pub fn queue_limits(mut self, queue: impl Into<String>, limits: QueueLimits) -> Self {
+        self.queue_limits.push((queue.into(), limits));
+        self
+    }
+
     /// Sets [`direct_url`](Self::direct_url).
     pub fn direct_url(mut self, url: impl Into<String>) -> Self {
         self.direct_url = Some(DirectUrl(url.into()));
@@ -401,6 +423,10 @@ impl RunnerConfig {
             return invalid("name must not be empty");
         }
         for (queue, limits) in &self.group_limits {
+            crate::names::validate_queue(queue)?;
+            limits.validate()?;
+        }
+        for (queue, limits) in &self.queue_limits {
             crate::names::validate_queue(queue)?;
             limits.validate()?;
         }

@@ -164,6 +164,9 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         for (queue, limits) in &config.group_limits {
             crate::admin::set_default_group_limits(&mut conn, queue, *limits).await?;
         }
+        for (queue, limits) in &config.queue_limits {
+            crate::admin::set_queue_limits(&mut conn, queue, *limits).await?;
+        }
         crate::db::pooler::is_transaction_pooled(&mut conn)
     };
     let direct_url = config.direct_url.as_ref().map(|url| url.as_str());

@@ -4,4 +4,5 @@
 pub(crate) mod controls;
 pub(crate) mod inspect;
 pub(crate) mod ops;
+pub(crate) mod queue_limits;
 pub(crate) mod status;
