@@ -3,6 +3,7 @@
 -- they touch queue limits only while pgfifo.queue_control exists.
 DROP FUNCTION IF EXISTS pgfifo.change_queue_control(text, text[], integer, integer, bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_limits_of(text);
+DROP FUNCTION IF EXISTS pgfifo.queue_slot_key(text, integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_bucket_tokens(text, timestamptz, integer, bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_bucket_due(text, timestamptz, integer, bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_token_due(text, timestamptz);

@@ -29,6 +29,7 @@
 
 mod bookkeeper;
 mod config;
+mod config_limits;
 mod events;
 mod hung;
 mod jitter;

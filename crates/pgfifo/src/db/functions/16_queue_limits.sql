@@ -19,6 +19,16 @@
 --     to_regclass (after `migrate down`, these tables are gone), then for
 --     the queue's row: a queue without limits costs one index probe.
 
+-- The second key of a queue slot's advisory lock (class 1885824625,
+-- 'pgfq'): taken with the slot's row by the pick's transaction, and kept
+-- at session level by a long run claimed in it (45_long_run.sql).
+CREATE OR REPLACE FUNCTION pgfifo.queue_slot_key(p_queue text, p_slot integer)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT hashtext(p_queue || chr(31) || p_slot::text)
+$$;
+
 -- A queue's limits: NULL values are no limit; burst defaults to the rate's
 -- count. No row: all NULL.
 CREATE OR REPLACE FUNCTION pgfifo.queue_limits_of(

@@ -99,7 +99,11 @@
 -- queue then gives nothing and queues are left to visit, the pick returns
 -- the row with a NULL id: the slot must not stay held for other queues'
 -- jobs. Groups' turns (round robin, weights) are unchanged: whichever group
--- the walk reaches first gets the queue's free slot.
+-- the walk reaches first gets the queue's free slot. A slot is also
+-- guarded by an advisory lock (class 1885824625, 'pgfq'), which T takes
+-- with the row: a long run claimed in T keeps it at session level after T
+-- commits (pgfifo.claim_long_run), and the pick passes over a slot whose
+-- advisory lock a long run's session holds.
 --
 -- Long runs. A job of a type in long mode is claimed right after its pick
 -- (pgfifo.claim_long_run) and T commits at once: the group is then held by
@@ -218,6 +222,8 @@ DECLARE
     v_q_slot  boolean;
     v_limit0  integer;
     v_batch0  integer;
+    v_qs      integer;
+    v_qs_from integer;
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
@@ -247,12 +253,25 @@ BEGIN
                               AND pgfifo.queue_bucket_due(v_q, v_now, v_ql.rate_count, v_ql.rate_period_ms,
                                                           v_ql.burst) > v_now;
                 IF v_ql.concurrency IS NOT NULL THEN
-                    PERFORM 1 FROM pgfifo.queue_slot AS s
-                    WHERE s.queue = v_q AND s.slot < v_ql.concurrency
-                    ORDER BY s.slot LIMIT 1
-                    FOR UPDATE SKIP LOCKED;
-                    CONTINUE WHEN NOT FOUND; -- at its limit
-                    v_q_slot := true;
+                    -- A free slot row whose advisory lock no long run's
+                    -- session holds (a slot row skipped for that stays
+                    -- locked until T ends: its long run holds it anyway).
+                    v_qs_from := -1;
+                    LOOP
+                        SELECT s.slot INTO v_qs FROM pgfifo.queue_slot AS s
+                        WHERE s.queue = v_q AND s.slot < v_ql.concurrency AND s.slot > v_qs_from
+                        ORDER BY s.slot LIMIT 1
+                        FOR UPDATE SKIP LOCKED;
+                        EXIT WHEN NOT FOUND;
+                        v_qs_from := v_qs;
+                        IF pg_try_advisory_xact_lock(1885824625, pgfifo.queue_slot_key(v_q, v_qs)) THEN
+                            v_q_slot := true;
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                    CONTINUE WHEN NOT v_q_slot; -- at its limit
+                    -- For a long run claimed in T (pgfifo.claim_long_run).
+                    PERFORM set_config('pgfifo.queue_slot', v_q || chr(31) || v_qs, true);
                 END IF;
                 IF v_ql.rate_count IS NOT NULL THEN
                     v_limit := 1;
