@@ -18,9 +18,12 @@ use serde::{Deserialize, Serialize};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Handler runs: (database name, job id, group, start, end) on this
-/// process's monotonic clock. Keyed by database, as tests run side by side.
-static RUNS: Mutex<Vec<(String, i64, String, Instant, Instant)>> = Mutex::new(Vec::new());
+/// A handler run: (database name, job id, group, start, end) on this
+/// process's monotonic clock.
+type Recorded = (String, i64, String, Instant, Instant);
+
+/// Handler runs, keyed by database, as tests run side by side.
+static RUNS: Mutex<Vec<Recorded>> = Mutex::new(Vec::new());
 
 /// Sleeps `sleep_ms` and records its run.
 #[derive(Job, Serialize, Deserialize, Debug, Clone)]
