@@ -5,6 +5,11 @@
 //! a start needs a slot and a token from both. See
 //! `docs/queue-limits.md`.
 
+use std::fmt;
+
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
+
 use crate::controls::invalid;
 use crate::{Rate, Result, MAX_RATE_COUNT};
 
@@ -90,6 +95,39 @@ impl QueueLimits {
     }
 }
 
+/// As `pgfifo status` shows them: `20 at once, 100/m, burst 10`.
+impl fmt::Display for QueueLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(n) = self.concurrency {
+            parts.push(format!("{n} at once"));
+        }
+        if let Some(rate) = self.rate {
+            parts.push(rate.to_string());
+        }
+        if let Some(burst) = self.burst {
+            parts.push(format!("burst {burst}"));
+        }
+        if parts.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
+/// `{"concurrency": 20, "rate": "100/m", "burst": 10}` (absent limits as
+/// null).
+impl Serialize for QueueLimits {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut out = s.serialize_struct("QueueLimits", 3)?;
+        out.serialize_field("concurrency", &self.concurrency)?;
+        out.serialize_field("rate", &self.rate.map(|r| r.to_string()))?;
+        out.serialize_field("burst", &self.burst)?;
+        out.end()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +145,20 @@ mod tests {
             .concurrency(3)
             .validate()
             .is_ok());
+    }
+
+    #[test]
+    fn limits_read_as_text_and_json() {
+        let limits = QueueLimits::new()
+            .concurrency(20)
+            .rate(Rate::per_minute(100).unwrap())
+            .burst(10);
+        assert_eq!(limits.to_string(), "20 at once, 100/m, burst 10");
+        assert_eq!(QueueLimits::new().to_string(), "none");
+        let json = serde_json::to_value(limits).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"concurrency": 20, "rate": "100/m", "burst": 10})
+        );
     }
 }

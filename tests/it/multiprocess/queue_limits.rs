@@ -17,6 +17,12 @@ use super::harness::{mp_job, Workers, MP_LOG};
 
 const GROUPS: u32 = 12;
 const PER_GROUP: u32 = 8;
+/// Four lanes per worker, more than the queue lets run: smaller pools, so
+/// that these tests beside the other multi-process ones stay within the
+/// server's connections.
+const LANES: (&str, &str) = ("CONCURRENCY", "4");
+/// A group of three 3-second jobs, for the kill.
+const LONG_GROUP: u32 = 99;
 
 /// The process id in a runner's default name (`host:pid:tag`).
 fn pid_of(runner: &str) -> u32 {
@@ -41,11 +47,14 @@ async fn a_queue_runs_three_at_once_across_processes_and_a_kill_leaks_no_slot() 
     let db = TestDb::new().await;
     db.exec(MP_LOG).await;
     let mut conn = db.conn().await;
-    let mut workers = Workers::start(3, &db.url, &[("QUEUE_CONCURRENCY", "3")]).await;
-    let jobs = (0..PER_GROUP).flat_map(|seq| (0..GROUPS).map(move |g| mp_job(g, seq, 150_000)));
+    let mut workers = Workers::start(3, &db.url, &[("QUEUE_CONCURRENCY", "3"), LANES]).await;
+    // Group LONG_GROUP's jobs run for seconds: the kill lands in one.
+    let jobs = (0..PER_GROUP)
+        .flat_map(|seq| (0..GROUPS).map(move |g| mp_job(g, seq, 150_000)))
+        .chain((0..3).map(|seq| mp_job(LONG_GROUP, seq, 3_000_000)));
     let ids = pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();
 
-    // Kill a worker while it runs a job, after a few jobs finished.
+    // Kill a worker while it runs a long job, after a few jobs finished.
     let deadline = Instant::now() + Duration::from_secs(60);
     let (victim, killed_job) = loop {
         assert!(Instant::now() < deadline, "no job ran within 60 s");
@@ -55,6 +64,8 @@ async fn a_queue_runs_three_at_once_across_processes_and_a_kill_leaks_no_slot() 
                 "SELECT a.runner || ' ' || a.job_id FROM pgfifo.job_attempt AS a
                  JOIN pgfifo.job AS j ON j.id = a.job_id
                  WHERE j.state = 'queued' AND a.attempt > j.attempts AND a.finished_at IS NULL
+                   AND j.group_id = 'g099'
+                   AND a.started_at < clock_timestamp() - interval '100 milliseconds'
                    AND (SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded') >= 9
                  ORDER BY a.started_at LIMIT 1",
             )
@@ -104,7 +115,7 @@ async fn a_queue_rate_holds_across_three_processes() {
     let db = TestDb::new().await;
     db.exec(MP_LOG).await;
     let mut conn = db.conn().await;
-    let env = [("QUEUE_RATE", "20/s"), ("QUEUE_BURST", "4")];
+    let env = [("QUEUE_RATE", "20/s"), ("QUEUE_BURST", "4"), LANES];
     let mut workers = Workers::start(3, &db.url, &env).await;
     let jobs = (0..6).flat_map(|seq| (0..GROUPS).map(move |g| mp_job(g, seq, 1_000)));
     let ids = pgfifo::enqueue_batch(&mut conn, jobs).await.unwrap();

@@ -81,6 +81,12 @@ pub async fn queue_limits(
     .await
 }
 
+/// The limits of `queue` on a connection already pinned (for status).
+pub(super) async fn read(conn: &mut AsyncPgConnection, queue: &str) -> Result<Option<QueueLimits>> {
+    let row = db::admin::queue_limits::queue_control(conn, queue).await?;
+    Ok(row.map(queue_limits_of_row))
+}
+
 fn queue_limits_of_row(row: QueueControlRow) -> QueueLimits {
     QueueLimits {
         concurrency: row.concurrency.map(|n| n as u32),
