@@ -4,6 +4,9 @@
 DROP FUNCTION IF EXISTS pgfifo.change_queue_control(text, text[], integer, integer, bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_limits_of(text);
 DROP FUNCTION IF EXISTS pgfifo.queue_slot_key(text, integer);
+-- (Long runs release the queue slot a claim kept with this one: 0.2.0's
+-- runners unlock their runs themselves.)
+DROP FUNCTION IF EXISTS pgfifo.unlock_long_run(integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_bucket_tokens(text, timestamptz, integer, bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_bucket_due(text, timestamptz, integer, bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.queue_token_due(text, timestamptz);
