@@ -18,6 +18,20 @@ pub async fn starts_of(db: &TestDb, group: &str) -> Vec<f64> {
     .unwrap_or_default()
 }
 
+/// The starts of `queue`'s jobs (grouped or not), in seconds since the
+/// epoch on the server's clock, oldest first.
+pub async fn starts_in_queue(db: &TestDb, queue: &str) -> Vec<f64> {
+    let queue = queue.replace('\'', "''");
+    db.text(&format!(
+        "SELECT string_agg((extract(epoch FROM a.started_at))::text, ',' ORDER BY a.started_at)
+         FROM pgfifo.job_attempt AS a JOIN pgfifo.job AS j ON j.id = a.job_id
+         WHERE j.queue = '{queue}'"
+    ))
+    .await
+    .map(|s| s.split(',').map(|x| x.parse().unwrap()).collect())
+    .unwrap_or_default()
+}
+
 /// The most starts any window held beyond `burst + rate_per_s × its
 /// length`, over every window from one start to a later one: at most 0
 /// (give or take a microsecond's rounding) when the bound held.

@@ -15,6 +15,13 @@
 //! beside N others) and jobs picked together beginning a moment out of
 //! order (`order_violations` counts jobs that began after a younger one of
 //! their group had ended).
+//!
+//! `QUEUE_CONCURRENCY` (default 0: none) limits the whole queue to that many
+//! jobs at once (`pgfifo::QueueLimits`, see `docs/queue-limits.md`); the
+//! report then adds `max_running` (the most handlers at once, from their
+//! records; must be ≤ the limit), `queue_ideal_jobs_per_s` (the limit over
+//! the mean handler time) and `queue_ratio` (the drain's rate over it;
+//! target with `WORK_MS=5`: ≥ 0.9).
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +49,7 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
             "GROUP_CONCURRENCY={group_concurrency} is outside 1 to {max_n}"
         ));
     }
+    let queue_concurrency = inputs.number("QUEUE_CONCURRENCY", 0)?;
     let server = inputs.database_url();
     common::set_work_ms(work_ms);
 
@@ -62,6 +70,14 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
             .await
             .map_err(|e| format!("set GROUP_CONCURRENCY: {e}"))?;
         progress!("groups may run {group_concurrency} jobs at once");
+    }
+    if queue_concurrency > 0 {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        let limits = pgfifo::QueueLimits::new().concurrency(queue_concurrency as u32);
+        pgfifo::admin::set_queue_limits(&mut conn, "bench", limits)
+            .await
+            .map_err(|e| format!("set QUEUE_CONCURRENCY: {e}"))?;
+        progress!("the queue may run {queue_concurrency} jobs at once");
     }
     common::epoch();
     common::take_records();
@@ -119,6 +135,8 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
          {mean_handler_ms:.3} ms on average, slots busy {:.1} %",
         slots_busy * 100.0
     );
+    let max_running = max_running(&records);
+    let queue_ideal = queue_concurrency as f64 * 1e3 / mean_handler_ms.max(1e-9);
     if let Ok(path) = std::env::var("RECORDS_FILE") {
         common::write_records(&path, &records)?;
         progress!("wrote {} records to {path}", records.len());
@@ -150,7 +168,28 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         "through_pooler": !pooler_url.is_empty(),
         "wal_bytes_per_job_enqueue": ((wal_enqueued - wal_start) as f64 / jobs as f64).round(),
         "wal_bytes_per_job_drain": ((wal_drained - wal_enqueued) as f64 / jobs as f64).round(),
+        "queue_concurrency": queue_concurrency,
+        "max_running": max_running,
+        "queue_ideal_jobs_per_s": (queue_concurrency > 0).then(|| queue_ideal.round()),
+        "queue_ratio": (queue_concurrency > 0)
+            .then(|| (drain_rate / queue_ideal * 1000.0).round() / 1000.0),
     }))
+}
+
+/// The most handlers running at one instant (an end and a start at the
+/// same instant do not overlap).
+fn max_running(records: &[common::Record]) -> i64 {
+    let mut edges: Vec<(u64, i64)> = records
+        .iter()
+        .flat_map(|r| [(r.start_ns, 1), (r.end_ns, -1)])
+        .collect();
+    edges.sort_unstable();
+    let (mut now, mut peak) = (0, 0);
+    for (_, delta) in edges {
+        now += delta;
+        peak = peak.max(now);
+    }
+    peak
 }
 
 #[derive(diesel::QueryableByName)]

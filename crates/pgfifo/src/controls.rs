@@ -304,7 +304,7 @@ impl GroupLimitsChange {
     }
 }
 
-fn invalid(message: impl Into<String>) -> Error {
+pub(crate) fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidArgument(message.into())
 }
 

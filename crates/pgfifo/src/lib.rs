@@ -63,6 +63,7 @@ pub mod migrate;
 mod names;
 #[cfg(feature = "otel")]
 mod otel;
+mod queue_limits;
 mod registry;
 pub mod runner;
 pub mod schedule;
@@ -89,6 +90,7 @@ pub use job_error::{FailureKind, JobError};
 pub use job_types::{job_types, JobType};
 pub use migrate::migrate;
 pub use names::{MAX_GROUP_LEN, MAX_KIND_LEN, MAX_QUEUE_LEN};
+pub use queue_limits::{QueueLimits, MAX_QUEUE_CONCURRENCY};
 pub use runner::{Retention, RunnerConfig, RunnerHandle};
 pub use schedule::{Missed, Schedule};
 

@@ -120,6 +120,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0010_dedup_windows/up.sql"),
         down: include_str!("../migrations/0010_dedup_windows/down.sql"),
     },
+    Migration {
+        version: 11,
+        name: "queue_limits",
+        release: "0.3.0",
+        up: include_str!("../migrations/0011_queue_limits/up.sql"),
+        down: include_str!("../migrations/0011_queue_limits/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.
@@ -144,6 +151,7 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "11_enqueue_window.sql",
     "12_add_job.sql",
     "15_controls.sql",
+    "16_queue_limits.sql",
     "20_promote.sql",
     "30_advance_head.sql",
     "40_pick.sql",

@@ -16,6 +16,7 @@
 
 mod concurrency;
 pub(crate) mod harness;
+mod queue_limits;
 mod rate;
 mod start_order;
 mod weights;

@@ -13,6 +13,9 @@
 //!   outlives a test process that died without cleaning up;
 //! * `WIDE_QUEUE`: also serve this queue, its groups at concurrency 2 (the
 //!   failover test enqueues `mp.job` there with `EnqueueOptions::queue`);
+//! * `QUEUE_CONCURRENCY`, `QUEUE_RATE` (`COUNT/PERIOD`, e.g. `20/s`),
+//!   `QUEUE_BURST`: limits of queue `mp` as a whole, set at the runner's
+//!   start (`RunnerConfig::queue_limits`);
 //! * `ACKS_FILE`: the file the id of every success the runner reports (its
 //!   commit acknowledged by the server) is appended to, one a line.
 //!
@@ -97,6 +100,26 @@ async fn main() -> ExitCode {
     worker::exit_code("fifo-worker", run().await)
 }
 
+/// The limits of queue `mp` from `QUEUE_CONCURRENCY`, `QUEUE_RATE` and
+/// `QUEUE_BURST`, if any is set.
+fn queue_limits() -> Result<Option<pgfifo::QueueLimits>, String> {
+    let mut limits = pgfifo::QueueLimits::new();
+    let mut any = false;
+    if let Ok(n) = std::env::var("QUEUE_CONCURRENCY") {
+        limits = limits.concurrency(n.parse().map_err(|e| format!("QUEUE_CONCURRENCY: {e}"))?);
+        any = true;
+    }
+    if let Ok(rate) = std::env::var("QUEUE_RATE") {
+        limits = limits.rate(rate.parse().map_err(|e| format!("QUEUE_RATE: {e}"))?);
+        any = true;
+    }
+    if let Ok(burst) = std::env::var("QUEUE_BURST") {
+        limits = limits.burst(burst.parse().map_err(|e| format!("QUEUE_BURST: {e}"))?);
+        any = true;
+    }
+    Ok(any.then_some(limits))
+}
+
 async fn run() -> Result<(), String> {
     worker::init_logging(true);
     let url = worker::var("DATABASE_URL")?;
@@ -123,6 +146,9 @@ async fn run() -> Result<(), String> {
     );
     if let Some(wide) = wide {
         config = config.group_limits(wide, pgfifo::GroupLimits::new().concurrency(2));
+    }
+    if let Some(limits) = queue_limits()? {
+        config = config.queue_limits("mp", limits);
     }
     if let Ok(direct) = std::env::var("DIRECT_URL") {
         config = config.direct_url(direct);

@@ -41,6 +41,7 @@ fn render(statuses: &[QueueStatus]) -> String {
         "PAUSED",
         "POLICY",
         "RUNNERS",
+        "LIMITS",
     ]);
     let mut backlogs = Table::new(&["QUEUE", "GROUP", "BACKLOG"]);
     let mut estimated = false;
@@ -76,6 +77,7 @@ fn render(statuses: &[QueueStatus]) -> String {
             yes_no(s.paused),
             s.failure_policy.as_str().to_owned(),
             s.runners.to_string(),
+            or_dash(s.limits),
         ]);
         backlogs_capped |= !s.largest_backlogs_exact;
         for g in &s.largest_backlogs {

@@ -42,6 +42,7 @@ mod controls;
 mod groups;
 mod jobs;
 mod ops;
+mod queue_limits;
 mod runners;
 mod schedules;
 mod status;
@@ -61,6 +62,7 @@ pub use ops::{
     resume_group, resume_queue, retry_failed, retry_jobs, set_failure_policy, skip_head,
     FailurePolicy, FinishedState, PurgeBatch, Retried, RetryResult, PURGE_BATCH,
 };
+pub use queue_limits::{change_queue_limits, queue_limits, reset_queue_limits, set_queue_limits};
 pub use runners::{runners, throughput, MinuteCount, RunnerInfo};
 pub use schedules::{
     delete_schedule, pause_schedule, resume_schedule, schedule, schedule_ticks, schedules,

@@ -120,6 +120,8 @@ pub struct QueueStatus {
     pub largest_backlogs_exact: bool,
     /// Live runners that serve this queue.
     pub runners: i64,
+    /// The queue's own limits (`docs/queue-limits.md`), if it has any.
+    pub limits: Option<crate::QueueLimits>,
 }
 
 /// Every queue pgfifo knows of: with groups (or groups waiting for a runner
@@ -201,6 +203,7 @@ pub async fn queue_status(
             largest_backlogs,
             largest_backlogs_exact: !unfinished.capped,
             runners: small.runners,
+            limits: super::queue_limits::read(conn, queue).await?,
         })
     })
     .await

@@ -19,7 +19,13 @@ pub(crate) struct Claim {
     pub lock_key: i32,
 }
 
-const CLAIM: &str = "SELECT token, lock_key FROM pgfifo.claim_long_run($1, $2, $3, $4, $5, $6)";
+/// (`pgfifo.long_queue_slot`: this runner releases the queue slot a claim
+/// keeps, with `pgfifo.unlock_long_run`. Set in this statement; the
+/// claim's last argument depends on it, so the call comes after it.)
+const CLAIM: &str = "SELECT c.token, c.lock_key \
+                     FROM (SELECT set_config('pgfifo.long_queue_slot', 'on', true) AS slot) AS s \
+                     CROSS JOIN LATERAL pgfifo.claim_long_run($1, $2, $3, $4, $5, \
+                         CASE WHEN s.slot IS NOT NULL THEN $6 END) AS c";
 
 /// Claims picked job `job_id` for a long run, in the job transaction that
 /// picked it (which must commit next): `None` when its lock is taken.
@@ -107,7 +113,7 @@ pub(crate) async fn release(
     Ok(row.ok)
 }
 
-const UNLOCK: &str = "SELECT pg_advisory_unlock(1885824620, $1) AS ok";
+const UNLOCK: &str = "SELECT pgfifo.unlock_long_run($1) AS ok";
 
 /// Releases the run's session-level lock, once its outcome has committed
 /// (or it was given up). `false`: this session did not hold it.

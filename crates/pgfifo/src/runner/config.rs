@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::maintenance::Retention;
 use crate::admin::RUNNER_ALIVE;
 use crate::schedule::Schedule;
-use crate::{Error, GroupLimits, Result};
+use crate::{Error, GroupLimits, QueueLimits, Result};
 
 /// How a runner works. Start from `RunnerConfig::default()` and adjust:
 ///
@@ -134,6 +134,9 @@ pub struct RunnerConfig {
     /// Default limits for the groups of a queue, written to the database at
     /// start (see [`group_limits`](Self::group_limits)).
     pub group_limits: Vec<(String, GroupLimits)>,
+    /// Whole queues' limits this runner sets at its start (see
+    /// [`queue_limits`](Self::queue_limits)).
+    pub queue_limits: Vec<(String, QueueLimits)>,
     /// A URL straight to PostgreSQL, for what a transaction-mode pooler
     /// cannot carry: the LISTEN connection and retention's session lock.
     /// Only read when the pool's connections go through such a pooler
@@ -209,6 +212,7 @@ impl Default for RunnerConfig {
             batch_window: Duration::from_millis(25),
             schedules: Vec::new(),
             group_limits: Vec::new(),
+            queue_limits: Vec::new(),
             direct_url: None,
             round_trip_timeout: Duration::from_secs(10),
         }
@@ -327,27 +331,6 @@ impl RunnerConfig {
         self
     }
 
-    /// Sets the default limits for the groups of `queue` (those without
-    /// limits of their own), such as a rate limit per tenant. They live in
-    /// the database, where every runner reads them: this runner writes them
-    /// at start, replacing the queue's defaults (the last runner to start
-    /// wins, so give every runner the same), and an operator can change
-    /// them at run time with `pgfifo group set QUEUE --defaults ...` until
-    /// the next runner starts. Checked at start: a bad value is an
-    /// [`Error::InvalidArgument`] naming it. See `docs/group-controls.md`.
-    ///
-    /// ```
-    /// use pgfifo::{GroupLimits, Rate, RunnerConfig};
-    ///
-    /// let config = RunnerConfig::default()
-    ///     .group_limits("sync", GroupLimits::new().rate(Rate::per_second(10)?));
-    /// # Ok::<(), pgfifo::Error>(())
-    /// ```
-    pub fn group_limits(mut self, queue: impl Into<String>, limits: GroupLimits) -> Self {
-        self.group_limits.push((queue.into(), limits));
-        self
-    }
-
     /// Sets [`direct_url`](Self::direct_url).
     pub fn direct_url(mut self, url: impl Into<String>) -> Self {
         self.direct_url = Some(DirectUrl(url.into()));
@@ -401,6 +384,10 @@ impl RunnerConfig {
             return invalid("name must not be empty");
         }
         for (queue, limits) in &self.group_limits {
+            crate::names::validate_queue(queue)?;
+            limits.validate()?;
+        }
+        for (queue, limits) in &self.queue_limits {
             crate::names::validate_queue(queue)?;
             limits.validate()?;
         }

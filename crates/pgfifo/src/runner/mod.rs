@@ -29,6 +29,7 @@
 
 mod bookkeeper;
 mod config;
+mod config_limits;
 mod events;
 mod hung;
 mod jitter;
@@ -163,6 +164,9 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         scheduler::declare(&mut conn, &config.name, &schedules).await?;
         for (queue, limits) in &config.group_limits {
             crate::admin::set_default_group_limits(&mut conn, queue, *limits).await?;
+        }
+        for (queue, limits) in &config.queue_limits {
+            crate::admin::set_queue_limits(&mut conn, queue, *limits).await?;
         }
         crate::db::pooler::is_transaction_pooled(&mut conn)
     };

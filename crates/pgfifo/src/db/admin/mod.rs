@@ -4,5 +4,6 @@
 pub(crate) mod controls;
 pub(crate) mod inspect;
 pub(crate) mod ops;
+pub(crate) mod queue_limits;
 pub(crate) mod status;
 pub(crate) mod window;

@@ -231,6 +231,16 @@ DECLARE
     v_wq     text;
     v_weighted boolean := false;
 BEGIN
+    -- Queue tokens first (the order in which start_attempts locks buckets).
+    -- (In a branch: after `migrate down`, queue limits are gone.)
+    IF to_regclass('pgfifo.queue_control') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.queue_control AS c WHERE c.rate_count IS NOT NULL) THEN
+            PERFORM pgfifo.give_back_queue_tokens(
+                ARRAY(SELECT a.job_id FROM pgfifo.job_attempt AS a
+                      JOIN unnest(p_ids, p_attempts) AS t(job_id, attempt)
+                        ON a.job_id = t.job_id AND a.attempt = t.attempt), v_now);
+        END IF;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
         DELETE FROM pgfifo.job_attempt AS a
         USING unnest(p_ids, p_attempts) AS t(job_id, attempt)
@@ -276,10 +286,22 @@ END
 $$;
 
 -- In how many microseconds the group's next token is due (0: it has one,
--- or no rate limit).
+-- or no rate limit), its queue's token included.
 CREATE OR REPLACE FUNCTION pgfifo.next_token_in(p_queue text, p_group text) RETURNS bigint
-LANGUAGE sql STABLE
-RETURN pgfifo.micros_until(pgfifo.token_due(p_queue, p_group, clock_timestamp()), clock_timestamp());
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_due timestamptz := pgfifo.token_due(p_queue, p_group, v_now);
+BEGIN
+    -- The queue's own rate too, where queue limits exist (a branch: after
+    -- `migrate down` they are gone; 16_queue_limits.sql).
+    IF to_regclass('pgfifo.queue_control') IS NOT NULL THEN
+        v_due := greatest(v_due, pgfifo.queue_token_due(p_queue, v_now));
+    END IF;
+    RETURN pgfifo.micros_until(v_due, v_now);
+END
+$$;
 
 -- Creates the slot rows 0 .. p_n - 1 of a group that are missing. Never
 -- waits: rows that exist (locked by running jobs or not) are left alone.

@@ -84,6 +84,27 @@
 -- permit, or handed back) would let younger jobs of its group start and end
 -- in other slots before it begins.
 --
+-- Queue limits. In a queue with a row in pgfifo.queue_control (migration
+-- 0011, 16_queue_limits.sql), a pick first needs what the queue allows: a
+-- token in its bucket, if it has a rate, and one of its slot rows 0 .. N-1
+-- (pgfifo.queue_slot), locked FOR UPDATE SKIP LOCKED, if it has a
+-- concurrency: T holds that slot while the pick's jobs run, one after
+-- another, so at most N lanes run the queue's jobs at once, whatever the
+-- runners, and a crash frees the slot with T. Without either, the queue is
+-- passed by. Such a queue is visited only by a pick that has taken nothing
+-- yet and can start a job at once (pgfifo.pick_slots: a prefetched pick
+-- would sit on a slot), and a pick in a queue with a rate takes one job and
+-- no followers (each start takes a token when its attempt is recorded: the
+-- tokens of several jobs would be taken before the first one ran). If the
+-- queue then gives nothing and queues are left to visit, the pick returns
+-- the row with a NULL id: the slot must not stay held for other queues'
+-- jobs. Groups' turns (round robin, weights) are unchanged: whichever group
+-- the walk reaches first gets the queue's free slot. A slot is also
+-- guarded by an advisory lock (class 1885824625, 'pgfq'), which T takes
+-- with the row: a long run claimed in T keeps it at session level after T
+-- commits (pgfifo.claim_long_run), and the pick passes over a slot whose
+-- advisory lock a long run's session holds.
+--
 -- Long runs. A job of a type in long mode is claimed right after its pick
 -- (pgfifo.claim_long_run) and T commits at once: the group is then held by
 -- a committed row of pgfifo.job_run and its holder's session-level
@@ -196,6 +217,13 @@ DECLARE
     v_slot_job boolean := false;
     v_slot_left boolean := false;
     v_slots_ok boolean := current_setting('pgfifo.pick_slots', true) IS DISTINCT FROM 'off';
+    v_q_limits boolean := to_regclass('pgfifo.queue_control') IS NOT NULL;
+    v_ql      record;
+    v_q_slot  boolean;
+    v_limit0  integer;
+    v_batch0  integer;
+    v_qs      integer;
+    v_qs_from integer;
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
@@ -211,6 +239,46 @@ BEGIN
         v_q := p_queues[1 + (v_turn + v_i) % v_n];
         CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                               WHERE s.queue = v_q AND s.paused);
+        -- Queue limits (see "Queue limits" above): a queue without a row
+        -- costs this one probe.
+        v_q_slot := false;
+        v_limit0 := v_limit;
+        v_batch0 := v_batch;
+        IF v_q_limits THEN
+            SELECT c.concurrency, c.rate_count, c.rate_period_ms, coalesce(c.burst, c.rate_count) AS burst
+            INTO v_ql FROM pgfifo.queue_control AS c WHERE c.queue = v_q;
+            IF FOUND THEN
+                CONTINUE WHEN NOT v_slots_ok OR v_count > 0;
+                CONTINUE WHEN v_ql.rate_count IS NOT NULL
+                              AND pgfifo.queue_bucket_due(v_q, v_now, v_ql.rate_count, v_ql.rate_period_ms,
+                                                          v_ql.burst) > v_now;
+                IF v_ql.concurrency IS NOT NULL THEN
+                    -- A free slot row whose advisory lock no long run's
+                    -- session holds (a slot row skipped for that stays
+                    -- locked until T ends: its long run holds it anyway).
+                    v_qs_from := -1;
+                    LOOP
+                        SELECT s.slot INTO v_qs FROM pgfifo.queue_slot AS s
+                        WHERE s.queue = v_q AND s.slot < v_ql.concurrency AND s.slot > v_qs_from
+                        ORDER BY s.slot LIMIT 1
+                        FOR UPDATE SKIP LOCKED;
+                        EXIT WHEN NOT FOUND;
+                        v_qs_from := v_qs;
+                        IF pg_try_advisory_xact_lock(1885824625, pgfifo.queue_slot_key(v_q, v_qs)) THEN
+                            v_q_slot := true;
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                    CONTINUE WHEN NOT v_q_slot; -- at its limit
+                    -- For a long run claimed in T (pgfifo.claim_long_run).
+                    PERFORM set_config('pgfifo.queue_slot', v_q || chr(31) || v_qs, true);
+                END IF;
+                IF v_ql.rate_count IS NOT NULL THEN
+                    v_limit := 1;
+                    v_batch := 0;
+                END IF;
+            END IF;
+        END IF;
         v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
         IF v_controlled THEN
             v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = v_q);
@@ -631,6 +699,18 @@ BEGIN
                 EXIT queues WHEN v_count >= v_limit;
             END IF;
         END LOOP;
+        -- A limited queue that gave nothing: its slot must not stay held
+        -- while the jobs of the queues after it run. Commit and pick
+        -- again (the next pick starts at the next queue).
+        IF v_count = 0 THEN
+            IF v_q_slot AND v_i < v_n - 1 THEN
+                RETURN QUERY SELECT NULL::bigint, v_q, NULL::text, NULL::text,
+                                    NULL::jsonb, NULL::integer, NULL::integer, NULL::boolean;
+                RETURN;
+            END IF;
+            v_limit := v_limit0;
+            v_batch := v_batch0;
+        END IF;
     END LOOP;
     -- A pick that took all it could may have left other work ready: look
     -- (without locks; a ready group that another runner holds counts too).

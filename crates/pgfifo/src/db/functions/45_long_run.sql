@@ -117,6 +117,15 @@ BEGIN
         PERFORM pg_advisory_unlock(1885824620, v_key);
         RETURN;
     END IF;
+    -- A queue slot the pick took for this job (queue limits, migration
+    -- 0011) stays held by this session too, when the runner releases it
+    -- with pgfifo.unlock_long_run (it says so: pgfifo.long_queue_slot; a
+    -- 0.2.0 runner does not, and its long runs hold no queue slot).
+    IF current_setting('pgfifo.long_queue_slot', true) = 'on'
+       AND split_part(coalesce(current_setting('pgfifo.queue_slot', true), ''), chr(31), 1) = p_queue THEN
+        PERFORM pg_advisory_lock(1885824625, pgfifo.queue_slot_key(
+            p_queue, split_part(current_setting('pgfifo.queue_slot', true), chr(31), 2)::integer));
+    END IF;
     -- The mark that tells picks this group is held by a long run: its
     -- ready_at becomes '-infinity' (still ready, so that a pick looks at it
     -- and can reclaim it when its holder's session is gone; not indexed, so
@@ -129,6 +138,22 @@ BEGIN
     token := v_token;
     lock_key := v_key;
     RETURN NEXT;
+END
+$$;
+
+-- Releases a long run's session-level lock (p_key, from claim_long_run)
+-- once its outcome has committed or it was given up, and the queue slot's
+-- lock it kept, if any. Returns whether this session held the run's lock.
+CREATE OR REPLACE FUNCTION pgfifo.unlock_long_run(p_key integer)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM pg_advisory_unlock(1885824625, l.objid::integer)
+    FROM pg_locks AS l
+    WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+      AND l.classid = 1885824625 AND l.objsubid = 2;
+    RETURN pg_advisory_unlock(1885824620, p_key);
 END
 $$;
 

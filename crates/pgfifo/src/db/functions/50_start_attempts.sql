@@ -23,6 +23,8 @@ AS $$
 DECLARE
     v_now     timestamptz := clock_timestamp();
     v_refused bigint[] := '{}';
+    v_q_refused bigint[] := '{}';
+    v_q_took  boolean := false;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     -- Rate-limited groups take a token per start, in this transaction: a
@@ -30,11 +32,24 @@ BEGIN
     -- job that has no attempt left takes one too: it is a moment from being
     -- marked failed, and never runs.) A job whose group had no token left
     -- does not start: it is returned with attempt 0, and no record.
-    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
-            v_refused := pgfifo.take_start_tokens(p_ids, v_now);
+    -- Queues with a rate (migration 0011) take theirs first, and get back
+    -- those of starts that their groups then refuse.
+    IF to_regclass('pgfifo.queue_control') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.queue_control AS c WHERE c.rate_count IS NOT NULL) THEN
+            v_q_refused := pgfifo.take_queue_tokens(p_ids, v_now);
+            v_q_took := true;
         END IF;
     END IF;
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
+            v_refused := pgfifo.take_start_tokens(
+                ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i <> ALL (v_q_refused)), v_now);
+            IF v_q_took AND cardinality(v_refused) > 0 THEN
+                PERFORM pgfifo.give_back_queue_tokens(v_refused, v_now);
+            END IF;
+        END IF;
+    END IF;
+    v_refused := v_refused || v_q_refused;
     RETURN QUERY
     INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner, started_at)
     SELECT t.id, coalesce(m.n, 0) + 1, p_runner, v_now

@@ -1,0 +1,224 @@
+//! Queue limits at the level of the SQL functions the lanes call: a pick in
+//! a queue with a concurrency holds one of its slot rows for its job
+//! transaction, whatever the number of jobs it took; a session that dies
+//! frees it; a lane that cannot start a job at once takes none of the
+//! queue's; a limited queue that gave nothing does not keep its slot while
+//! other queues' jobs run; bad values written through SQL are refused.
+
+use diesel::sql_types::{Array, Integer, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use pgfifo::{admin, async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, QueueLimits};
+use pgfifo_tests::TestDb;
+use serde::{Deserialize, Serialize};
+
+/// Never run: the tests call the SQL functions themselves.
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(queue = "qsql")]
+struct QsqlJob;
+
+#[async_trait]
+impl Handler for QsqlJob {
+    async fn handle(&self, _ctx: &mut JobContext<'_>) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[derive(QueryableByName, Debug)]
+struct Row {
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    id: Option<i64>,
+}
+
+/// Opens a job transaction as a lane does and picks up to `limit` jobs of
+/// `queues`, leaving the transaction open: the ids returned (`None` for
+/// the row that says "commit and pick again").
+async fn pick(
+    conn: &mut AsyncPgConnection,
+    queues: &[&str],
+    limit: i32,
+    start_at_once: bool,
+) -> Vec<Option<i64>> {
+    let opener = if start_at_once {
+        "BEGIN; SET LOCAL pgfifo.job_transaction = on"
+    } else {
+        "BEGIN; SET LOCAL pgfifo.job_transaction = on; SET LOCAL pgfifo.pick_slots = off"
+    };
+    conn.batch_execute(opener).await.expect("begin");
+    let rows: Vec<Row> =
+        diesel::sql_query("SELECT id FROM pgfifo.pick($1, 0, 0, '{}', '{}', 60000, $2)")
+            .bind::<Array<Text>, _>(queues)
+            .bind::<Integer, _>(limit)
+            .load(conn)
+            .await
+            .expect("pick");
+    rows.into_iter().map(|r| r.id).collect()
+}
+
+/// Enqueues one job into each of `groups` of `queue`, promoted.
+async fn enqueue(db: &TestDb, queue: &str, groups: &[&str]) {
+    let mut conn = db.conn().await;
+    for group in groups {
+        QsqlJob
+            .enqueue_with(&mut conn, EnqueueOptions::group(*group).queue(queue))
+            .await
+            .unwrap();
+    }
+    db.scalar(&format!(
+        "SELECT promoted FROM pgfifo.promote(ARRAY['{queue}'], 100)"
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_holds_one_queue_slot_and_a_dead_session_frees_it() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_queue_limits(&mut conn, "qsql", QueueLimits::new().concurrency(2))
+        .await
+        .unwrap();
+    enqueue(&db, "qsql", &["a", "b", "c", "d", "e", "f"]).await;
+    let mut first = db.direct().await;
+    let mut second = db.direct().await;
+    let mut third = db.direct().await;
+    let pid = diesel::sql_query("SELECT pg_backend_pid()::bigint AS id")
+        .get_result::<Row>(&mut first)
+        .await
+        .unwrap()
+        .id
+        .unwrap();
+
+    // One pick of several jobs (run one after another) holds one slot.
+    let took = pick(&mut first, &["qsql"], 3, true).await;
+    assert_eq!(took.len(), 3, "{took:?}");
+    assert!(took.iter().all(Option::is_some));
+    let took = pick(&mut second, &["qsql"], 1, true).await;
+    assert_eq!(took.len(), 1, "the second slot: {took:?}");
+    let took = pick(&mut third, &["qsql"], 1, true).await;
+    assert!(took.is_empty(), "the queue is at its limit: {took:?}");
+    third.batch_execute("COMMIT").await.unwrap();
+
+    // The first picker's session dies (as with kill -9 of its runner):
+    // its slot is free at once.
+    assert!(pid > 0);
+    db.scalar(&format!("SELECT pg_terminate_backend({pid})::int"))
+        .await;
+    pgfifo_tests::eventually(
+        "the session to end",
+        std::time::Duration::from_secs(30),
+        || {
+            let db = &db;
+            async move {
+                let left = db
+                    .scalar(&format!(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+                    ))
+                    .await;
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left}"))
+                }
+            }
+        },
+    )
+    .await;
+    let took = pick(&mut third, &["qsql"], 1, true).await;
+    assert_eq!(took.len(), 1, "the freed slot: {took:?}");
+    third.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        first.batch_execute("ROLLBACK").await.is_err(),
+        "the first session is gone"
+    );
+    second.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_that_cannot_start_at_once_takes_nothing_of_a_limited_queue() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_queue_limits(&mut conn, "qsql", QueueLimits::new().concurrency(5))
+        .await
+        .unwrap();
+    enqueue(&db, "qsql", &["a", "b"]).await;
+    enqueue(&db, "free", &["x"]).await;
+    let mut direct = db.direct().await;
+    let took = pick(&mut direct, &["qsql", "free"], 4, false).await;
+    assert_eq!(took.len(), 1, "only the free queue's job: {took:?}");
+    let held = db
+        .scalar("SELECT count(*) FROM pgfifo.queue_slot WHERE queue = 'qsql' AND slot IN (SELECT slot FROM pgfifo.queue_slot FOR UPDATE SKIP LOCKED)")
+        .await;
+    assert_eq!(held, 5, "no slot held by the prefetching lane");
+    direct.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_queue_that_gives_nothing_lets_its_slot_go_before_other_queues() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_queue_limits(&mut conn, "qsql", QueueLimits::new().concurrency(1))
+        .await
+        .unwrap();
+    enqueue(&db, "qsql", &["a"]).await;
+    enqueue(&db, "free", &["x"]).await;
+    // Another session holds group a's row: the limited queue's walk finds
+    // nothing to take though its slot is free.
+    let mut holder = db.direct().await;
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM pgfifo.queue_group WHERE queue = 'qsql' AND group_id = 'a' FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let mut direct = db.direct().await;
+    // The limited queue first (turn 0), the other one after it.
+    let took = pick(&mut direct, &["qsql", "free"], 4, true).await;
+    assert_eq!(took, vec![None], "commit and pick again");
+    direct.batch_execute("COMMIT").await.unwrap();
+    holder.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_values_through_sql_are_refused_and_write_nothing() {
+    let db = TestDb::new().await;
+    let mut direct = db.direct().await;
+    let bad = [
+        "ARRAY['concurrency'], 0, NULL, NULL, NULL",
+        "ARRAY['concurrency'], 10001, NULL, NULL, NULL",
+        "ARRAY['rate'], NULL, 5, NULL, NULL",
+        "ARRAY['rate'], NULL, 0, 1000, NULL",
+        "ARRAY['rate'], NULL, 5, 0, NULL",
+        "ARRAY['burst'], NULL, NULL, NULL, 3",
+        "ARRAY['rate', 'burst'], NULL, 5, 1000, 0",
+        "ARRAY['weight'], NULL, NULL, NULL, NULL",
+    ];
+    for args in bad {
+        let err = diesel::sql_query(format!(
+            "SELECT * FROM pgfifo.change_queue_control('qsql', {args})"
+        ))
+        .execute(&mut direct)
+        .await
+        .expect_err(args);
+        assert!(
+            err.to_string().contains("change_queue_control"),
+            "{args}: {err}"
+        );
+    }
+    let err = diesel::sql_query(
+        "SELECT * FROM pgfifo.change_queue_control('', ARRAY['concurrency'], 2, NULL, NULL, NULL)",
+    )
+    .execute(&mut direct)
+    .await
+    .expect_err("empty queue name");
+    assert!(err.to_string().contains("queue name is empty"), "{err}");
+    assert_eq!(
+        db.scalar(
+            "SELECT (SELECT count(*) FROM pgfifo.queue_control)
+                  + (SELECT count(*) FROM pgfifo.queue_slot)
+                  + (SELECT count(*) FROM pgfifo.queue_bucket)"
+        )
+        .await,
+        0,
+        "nothing written"
+    );
+}
