@@ -198,7 +198,7 @@ enum Command {
     /// Show, pause, resume or delete one recurring job
     Schedule {
         #[command(subcommand)]
-        action: ScheduleAction,
+        action: commands::schedules::ScheduleAction,
     },
     /// Set, reset and list the limits of groups: rate, burst, concurrency, weight
     #[command(long_about = commands::limits::ABOUT)]
@@ -206,39 +206,15 @@ enum Command {
         #[command(subcommand)]
         action: commands::limits::GroupAction,
     },
+    /// Set, reset and show the limits of a whole queue: concurrency, rate, burst
+    #[command(long_about = commands::queue_limits::ABOUT)]
+    Queue {
+        #[command(subcommand)]
+        action: commands::queue_limits::QueueAction,
+    },
     /// The job types this binary knows: kind, queue, settings, payload schema
     #[command(long_about = commands::job_types::ABOUT)]
     JobTypes,
-}
-
-/// `pgfifo schedule ...`.
-#[derive(Debug, Subcommand)]
-enum ScheduleAction {
-    /// Everything stored about one schedule
-    Show {
-        /// The schedule's name.
-        name: String,
-    },
-    /// Stop firing a schedule: its ticks pass without jobs until resumed
-    Pause {
-        /// The schedule's name.
-        name: String,
-    },
-    /// Fire a paused schedule again, from its next tick (ticks that passed
-    /// while it was paused are skipped)
-    Resume {
-        /// The schedule's name.
-        name: String,
-    },
-    /// Delete a stale schedule and its tick history (the jobs it enqueued
-    /// stay)
-    ///
-    /// Refused (exit 1) while a live runner declares it: remove it from the
-    /// runners' code first.
-    Delete {
-        /// The schedule's name.
-        name: String,
-    },
 }
 
 /// `pgfifo migrate ...`.
@@ -393,7 +369,7 @@ async fn run(cli: Cli) -> CliResult {
     };
     let mut conn = commands::connect(&url, cli.transaction_pooler).await?;
     let conn = &mut *conn;
-    use commands::{inspect, limits, migrate, ops, schedules, status};
+    use commands::{inspect, limits, migrate, ops, queue_limits, schedules, status};
     match command {
         Command::Dashboard(_) => unreachable!("served above"),
         Command::JobTypes => unreachable!("listed above"),
@@ -458,12 +434,17 @@ async fn run(cli: Cli) -> CliResult {
         },
         Command::Schedules => schedules::list(conn, out).await,
         Command::Schedule { action } => match action {
-            ScheduleAction::Show { name } => schedules::show(conn, out, &name).await,
-            ScheduleAction::Pause { name } => schedules::pause(conn, out, &name, true).await,
-            ScheduleAction::Resume { name } => schedules::pause(conn, out, &name, false).await,
-            ScheduleAction::Delete { name } => schedules::delete(conn, out, &name).await,
+            schedules::ScheduleAction::Show { name } => schedules::show(conn, out, &name).await,
+            schedules::ScheduleAction::Pause { name } => {
+                schedules::pause(conn, out, &name, true).await
+            }
+            schedules::ScheduleAction::Resume { name } => {
+                schedules::pause(conn, out, &name, false).await
+            }
+            schedules::ScheduleAction::Delete { name } => schedules::delete(conn, out, &name).await,
         },
         Command::Group { action } => limits::run(conn, out, action).await,
+        Command::Queue { action } => queue_limits::run(conn, out, action).await,
     }
 }
 

@@ -135,7 +135,7 @@ impl<T> Setting<T> {
     }
 }
 
-fn parse_rate(text: &str) -> Result<Setting<Rate>, String> {
+pub(crate) fn parse_rate(text: &str) -> Result<Setting<Rate>, String> {
     if text == "none" {
         return Ok(Setting::Clear);
     }
@@ -160,7 +160,7 @@ fn parse_weight(text: &str) -> Result<Setting<u32>, String> {
 /// `none`, or a whole number from 1 to `max`; the error names `setting`.
 /// (The library checks the same ranges again; this refuses a bad value
 /// before the database is reached.)
-fn parse_count(setting: &str, text: &str, max: u32) -> Result<Setting<u32>, String> {
+pub(crate) fn parse_count(setting: &str, text: &str, max: u32) -> Result<Setting<u32>, String> {
     if text == "none" {
         return Ok(Setting::Clear);
     }

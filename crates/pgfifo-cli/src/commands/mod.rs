@@ -7,6 +7,7 @@ pub mod job_types;
 pub mod limits;
 pub mod migrate;
 pub mod ops;
+pub mod queue_limits;
 pub mod schedules;
 pub mod status;
 

@@ -1,12 +1,43 @@
 //! `pgfifo schedules` and `pgfifo schedule pause|resume|delete NAME`:
 //! recurring jobs as stored.
 
+use clap::Subcommand;
 use pgfifo::admin::{self, ScheduleInfo, TickInfo};
 use pgfifo::diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use crate::error::CliResult;
 use crate::output::{fields, or_dash, time, yes_no, Output, Table};
+
+/// `pgfifo schedule ...`.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleAction {
+    /// Everything stored about one schedule
+    Show {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Stop firing a schedule: its ticks pass without jobs until resumed
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Fire a paused schedule again, from its next tick (ticks that passed
+    /// while it was paused are skipped)
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Delete a stale schedule and its tick history (the jobs it enqueued
+    /// stay)
+    ///
+    /// Refused (exit 1) while a live runner declares it: remove it from the
+    /// runners' code first.
+    Delete {
+        /// The schedule's name.
+        name: String,
+    },
+}
 
 /// `pgfifo schedules`: every stored schedule, by name.
 pub async fn list(conn: &mut AsyncPgConnection, out: Output) -> CliResult {

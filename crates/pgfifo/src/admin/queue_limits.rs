@@ -54,8 +54,21 @@ pub async fn change_queue_limits(
         burst: limits.burst.map(|b| b as i32),
     };
     pinned(conn, async |conn| {
-        let row =
-            db::admin::queue_limits::change_queue_control(conn, queue, change, values).await?;
+        let row = db::admin::queue_limits::change_queue_control(conn, queue, change, values)
+            .await
+            .map_err(|err| match &err {
+                // The burst left set after the change has no rate to go
+                // with: a bad argument (nothing was written), not a failure.
+                diesel::result::Error::DatabaseError(_, info)
+                    if info.constraint_name() == Some("pgfifo_queue_burst_needs_rate") =>
+                {
+                    crate::Error::InvalidArgument(
+                        "queue burst: a burst needs a rate (set the rate too, or clear the burst)"
+                            .into(),
+                    )
+                }
+                _ => err.into(),
+            })?;
         Ok(row.map(queue_limits_of_row))
     })
     .await

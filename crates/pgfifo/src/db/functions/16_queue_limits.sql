@@ -270,7 +270,7 @@ BEGIN
     RETURNING c.* INTO v_row;
     IF v_row.burst IS NOT NULL AND v_row.rate_count IS NULL THEN
         RAISE EXCEPTION 'pgfifo change_queue_control: a burst needs a rate'
-            USING ERRCODE = 'invalid_parameter_value';
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_queue_burst_needs_rate';
     END IF;
     IF num_nulls(v_row.concurrency, v_row.rate_count, v_row.burst) = 3 THEN
         DELETE FROM pgfifo.queue_control AS c WHERE c.queue = p_queue;
