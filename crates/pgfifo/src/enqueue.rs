@@ -228,6 +228,22 @@ impl NewJob {
         })
     }
 
+    /// Appends the job's columns to `arrays` (the arguments of
+    /// `pgfifo.enqueue`); returns its de-duplication window, if any, with
+    /// the window's period in microseconds.
+    fn push_into(self, arrays: &mut EnqueueArrays) -> Option<(Window, i64)> {
+        arrays.queue.push(self.queue);
+        arrays.group.push(self.group);
+        arrays.kind.push(self.kind);
+        arrays.payload.push(self.payload);
+        arrays.priority.push(self.priority);
+        arrays.max_attempts.push(self.max_attempts);
+        arrays.unique_key.push(self.unique_key);
+        arrays.run_at_us.push(self.run_at_us);
+        arrays.delay_us.push(self.delay_us);
+        self.window
+    }
+
     /// The queue the job goes to.
     pub fn queue_name(&self) -> &str {
         &self.queue
@@ -260,15 +276,7 @@ pub async fn enqueue_batch(
     }
     let mut arrays = EnqueueArrays::default();
     for job in jobs {
-        arrays.queue.push(job.queue);
-        arrays.group.push(job.group);
-        arrays.kind.push(job.kind);
-        arrays.payload.push(job.payload);
-        arrays.priority.push(job.priority);
-        arrays.max_attempts.push(job.max_attempts);
-        arrays.unique_key.push(job.unique_key);
-        arrays.run_at_us.push(job.run_at_us);
-        arrays.delay_us.push(job.delay_us);
+        job.push_into(&mut arrays);
     }
     if arrays.queue.is_empty() {
         return Ok(Vec::new());

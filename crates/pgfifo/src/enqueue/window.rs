@@ -208,7 +208,7 @@ pub(super) async fn run(
     let mut arrays = EnqueueArrays::default();
     let mut windows = WindowArrays::default();
     for job in jobs {
-        match job.window {
+        match job.push_into(&mut arrays) {
             Some((window, us)) => {
                 windows.key.push(Some(window.key));
                 windows.mode.push(Some(window.mode.as_str()));
@@ -220,15 +220,6 @@ pub(super) async fn run(
                 windows.period_us.push(None);
             }
         }
-        arrays.queue.push(job.queue);
-        arrays.group.push(job.group);
-        arrays.kind.push(job.kind);
-        arrays.payload.push(job.payload);
-        arrays.priority.push(job.priority);
-        arrays.max_attempts.push(job.max_attempts);
-        arrays.unique_key.push(job.unique_key);
-        arrays.run_at_us.push(job.run_at_us);
-        arrays.delay_us.push(job.delay_us);
     }
     Ok(db::enqueue_window::enqueue_outcomes(conn, arrays, windows).await?)
 }
