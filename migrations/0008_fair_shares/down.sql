@@ -14,6 +14,7 @@ DROP TABLE IF EXISTS pgfifo.group_share;
 DROP FUNCTION IF EXISTS pgfifo.add_jobs(jsonb);
 DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, interval, integer, text, integer, text, text, text, text, interval);
 DROP FUNCTION IF EXISTS pgfifo.add_job_traced(text, text, text);
+DROP FUNCTION IF EXISTS pgfifo.add_job_interval(text, jsonb, text, text);
 DROP FUNCTION IF EXISTS pgfifo.add_job_windowed(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[], text[], text[]);
 -- So did the windows' functions (functions/11_enqueue_window.sql).
 DROP FUNCTION IF EXISTS pgfifo.enqueue_outcomes(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[]);

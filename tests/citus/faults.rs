@@ -7,19 +7,21 @@
 //! not a failover of pgfifo's data.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use diesel::sql_types::{BigInt, Integer};
 use diesel::QueryableByName;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
+use pgfifo_tests::acked_worker::AckedWorker;
 use pgfifo_tests::citus::Cluster;
 use pgfifo_tests::query::scalar;
 use pgfifo_tests::records::now_ns;
 use serde::{Deserialize, Serialize};
+
+/// The runner processes' binary.
+const WORKER: &str = env!("CARGO_BIN_EXE_fifo-worker");
 
 const PROCESSES: usize = 3;
 const GROUPS: u32 = 20;
@@ -56,56 +58,6 @@ struct Row {
     started_ns: i64,
     #[diesel(sql_type = BigInt)]
     ended_ns: i64,
-}
-
-/// One runner process; killed if still running when dropped.
-struct Worker {
-    child: Child,
-    /// Held open: with `EXIT_WITH_STDIN=1` the worker exits when it closes.
-    _stdin: ChildStdin,
-    acks: PathBuf,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn start_worker(name: &str, url: &str, dir: &Path) -> Worker {
-    let acks = dir.join(format!("acks-{name}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fifo-worker"))
-        .env("DATABASE_URL", url)
-        .env("RECORDS_FILE", dir.join(format!("runs-{name}")))
-        .env("ACKS_FILE", &acks)
-        .env("CONCURRENCY", "4")
-        .env("EXIT_WITH_STDIN", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join(format!("log-{name}"))).expect("log file"))
-        .spawn()
-        .expect("spawn fifo-worker");
-    let stdin = child.stdin.take().expect("piped stdin");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if line.starts_with("ready") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("worker {name} not ready after 60 s"));
-    Worker {
-        child,
-        _stdin: stdin,
-        acks,
-    }
 }
 
 /// Waits until `mp_log` has at least `n` rows.
@@ -157,8 +109,8 @@ async fn runner_processes_killed_and_a_worker_node_restarted_lose_nothing() {
 
     let dir = std::env::temp_dir().join(format!("pgfifo-citus-procs-{}", now_ns()));
     std::fs::create_dir_all(&dir).expect("records dir");
-    let mut workers: Vec<Worker> = (0..PROCESSES)
-        .map(|i| start_worker(&i.to_string(), &url, &dir))
+    let mut workers: Vec<AckedWorker> = (0..PROCESSES)
+        .map(|i| AckedWorker::start(WORKER, &i.to_string(), &url, &dir, &[]))
         .collect();
 
     // kill -9 of one process while jobs run, then a new one in its place.
@@ -170,7 +122,7 @@ async fn runner_processes_killed_and_a_worker_node_restarted_lose_nothing() {
         .expect("kill");
     assert!(status.success());
     let _ = killed.child.wait();
-    workers.push(start_worker("restarted", &url, &dir));
+    workers.push(AckedWorker::start(WORKER, "restarted", &url, &dir, &[]));
 
     // A restart of one Citus worker node mid-run.
     wait_logged(&mut conn, total / 2, "no drain after the kill").await;

@@ -30,6 +30,30 @@ pub(crate) const FO_LOG: &str =
      started_ns bigint NOT NULL, ended_ns bigint NOT NULL, \
      port int NOT NULL DEFAULT inet_server_port())";
 
+/// A handler's run: waits `work`, then writes the run to `table` through
+/// the job's connection (in its transaction, or at once in long mode).
+async fn log_run(
+    ctx: &mut JobContext<'_>,
+    table: &str,
+    group: u32,
+    seq: u32,
+    work: Duration,
+) -> Result<(), JobError> {
+    let started = now_ns();
+    tokio::time::sleep(work).await;
+    diesel::sql_query(format!(
+        "INSERT INTO {table} (job_id, grp, seq, started_ns, ended_ns) VALUES ($1, $2, $3, $4, $5)"
+    ))
+    .bind::<BigInt, _>(ctx.id())
+    .bind::<Integer, _>(i32::try_from(group)?)
+    .bind::<Integer, _>(i32::try_from(seq)?)
+    .bind::<BigInt, _>(started)
+    .bind::<BigInt, _>(now_ns())
+    .execute(ctx.conn())
+    .await?;
+    Ok(())
+}
+
 pub(crate) fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -40,19 +64,14 @@ pub(crate) fn now_ns() -> i64 {
 #[async_trait]
 impl Handler for FoJob {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        let started = now_ns();
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        diesel::sql_query(
-            "INSERT INTO fo_log (job_id, grp, seq, started_ns, ended_ns) VALUES ($1, $2, $3, $4, $5)",
+        log_run(
+            ctx,
+            "fo_log",
+            self.group,
+            self.seq,
+            Duration::from_millis(2),
         )
-        .bind::<BigInt, _>(ctx.id())
-        .bind::<Integer, _>(i32::try_from(self.group)?)
-        .bind::<Integer, _>(i32::try_from(self.seq)?)
-        .bind::<BigInt, _>(started)
-        .bind::<BigInt, _>(now_ns())
-        .execute(ctx.conn())
-        .await?;
-        Ok(())
+        .await
     }
 }
 
@@ -120,19 +139,14 @@ pub(crate) const FO_WIDE_LOG: &str = "CREATE TABLE fo_wide_log (LIKE fo_log INCL
 #[async_trait]
 impl Handler for FoWide {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        let started = now_ns();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        diesel::sql_query(
-            "INSERT INTO fo_wide_log (job_id, grp, seq, started_ns, ended_ns) VALUES ($1, $2, $3, $4, $5)",
+        log_run(
+            ctx,
+            "fo_wide_log",
+            self.group,
+            self.seq,
+            Duration::from_millis(5),
         )
-        .bind::<BigInt, _>(ctx.id())
-        .bind::<Integer, _>(i32::try_from(self.group)?)
-        .bind::<Integer, _>(i32::try_from(self.seq)?)
-        .bind::<BigInt, _>(started)
-        .bind::<BigInt, _>(now_ns())
-        .execute(ctx.conn())
-        .await?;
-        Ok(())
+        .await
     }
 }
 
@@ -183,19 +197,14 @@ pub(crate) const FO_LONG_LOG: &str = "CREATE TABLE fo_long_log (LIKE fo_log INCL
 #[async_trait]
 impl Handler for FoLong {
     async fn handle(&self, ctx: &mut JobContext<'_>) -> Result<(), JobError> {
-        let started = now_ns();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        diesel::sql_query(
-            "INSERT INTO fo_long_log (job_id, grp, seq, started_ns, ended_ns) VALUES ($1, $2, $3, $4, $5)",
+        log_run(
+            ctx,
+            "fo_long_log",
+            self.group,
+            self.seq,
+            Duration::from_millis(20),
         )
-        .bind::<BigInt, _>(ctx.id())
-        .bind::<Integer, _>(i32::try_from(self.group)?)
-        .bind::<Integer, _>(i32::try_from(self.seq)?)
-        .bind::<BigInt, _>(started)
-        .bind::<BigInt, _>(now_ns())
-        .execute(ctx.conn())
-        .await?;
-        Ok(())
+        .await
     }
 }
 

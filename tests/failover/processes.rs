@@ -3,21 +3,23 @@
 //! every process drains the rest on the new primary without a restart.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use diesel::sql_types::{BigInt, Integer};
 use diesel::QueryableByName;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
+use pgfifo_tests::acked_worker::AckedWorker;
 use pgfifo_tests::failover::Node;
 use pgfifo_tests::query::scalar;
 use serde::{Deserialize, Serialize};
 
 use crate::jobs::{connect, now_ns};
 use crate::switch::make_synchronous;
+
+/// The runner processes' binary.
+const WORKER: &str = env!("CARGO_BIN_EXE_fifo-worker");
 
 const PROCESSES: usize = 3;
 const GROUPS: u32 = 24;
@@ -62,59 +64,6 @@ struct Row {
     started_ns: i64,
     #[diesel(sql_type = BigInt)]
     ended_ns: i64,
-}
-
-/// One worker process; killed if still running when dropped.
-struct Worker {
-    child: Child,
-    /// Held open: with `EXIT_WITH_STDIN=1` the worker exits when it closes.
-    _stdin: ChildStdin,
-    acks: PathBuf,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn start_worker(i: usize, url: &str, dir: &Path) -> Worker {
-    let acks = dir.join(format!("acks-{i}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fifo-worker"))
-        .env("DATABASE_URL", url)
-        .env("RECORDS_FILE", dir.join(format!("runs-{i}")))
-        .env("ACKS_FILE", &acks)
-        .env("WIDE_QUEUE", "mp_wide")
-        .env("CONCURRENCY", "4")
-        .env("EXIT_WITH_STDIN", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        // Their logs: kept with the records when the test fails.
-        .stderr(std::fs::File::create(dir.join(format!("log-{i}"))).expect("log file"))
-        .spawn()
-        .expect("spawn fifo-worker");
-    let stdin = child.stdin.take().expect("piped stdin");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Keeps reading after "ready" so the worker never meets a closed pipe.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if line.starts_with("ready") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("worker {i} not ready after 60 s"));
-    Worker {
-        child,
-        _stdin: stdin,
-        acks,
-    }
 }
 
 fn job(group: u32, seq: u32, wide: bool) -> NewJob {
@@ -182,8 +131,16 @@ async fn worker_processes_follow_a_killed_primary_to_a_promoted_synchronous_stan
         "failover processes: worker logs and records in {}",
         dir.display()
     );
-    let mut workers: Vec<Worker> = (0..PROCESSES)
-        .map(|i| start_worker(i, &url, &dir))
+    let mut workers: Vec<AckedWorker> = (0..PROCESSES)
+        .map(|i| {
+            AckedWorker::start(
+                WORKER,
+                &i.to_string(),
+                &url,
+                &dir,
+                &[("WIDE_QUEUE", "mp_wide")],
+            )
+        })
         .collect();
     let pids: Vec<i32> = workers.iter().map(|w| w.child.id() as i32).collect();
 

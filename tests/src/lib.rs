@@ -12,6 +12,7 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo::{Job, JobId, Pool, RunnerConfig, RunnerHandle};
 
+pub mod acked_worker;
 pub mod browser;
 pub mod citus;
 pub mod failover;

@@ -282,6 +282,31 @@ BEGIN
 END
 $$;
 
+-- The interval in field p_field of one job of add_jobs: a JSON string
+-- PostgreSQL reads as an interval, or a number of seconds; NULL when absent
+-- or JSON null. Anything else is an error naming the field, with p_example
+-- as a value that would do. Internal: called by add_jobs.
+CREATE OR REPLACE FUNCTION pgfifo.add_job_interval(
+    p_where text, p_job jsonb, p_field text, p_example text
+) RETURNS interval
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF coalesce(jsonb_typeof(p_job -> p_field), 'null') NOT IN ('number', 'string', 'null') THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN CASE jsonb_typeof(p_job -> p_field)
+        WHEN 'number' THEN (p_job ->> p_field)::double precision * interval '1 second'
+        WHEN 'string' THEN (p_job ->> p_field)::interval
+        END;
+EXCEPTION WHEN data_exception THEN
+    RAISE EXCEPTION 'pgfifo: % must be an interval such as "%" or a number of seconds (got %)',
+        p_where || p_field, p_example, p_job -> p_field
+        USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
+              COLUMN = p_field;
+END
+$$;
+
 -- Enqueues many jobs in one call and returns their ids in input order (see
 -- add_job for a unique key that is taken). jobs is a JSON array of objects
 -- with the fields of add_job:
@@ -389,34 +414,8 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
                       COLUMN = 'run_at';
         END;
-        BEGIN
-            IF coalesce(jsonb_typeof(v_job -> 'delay'), 'null') NOT IN ('number', 'string', 'null') THEN
-                RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
-            END IF;
-            v_delay := CASE jsonb_typeof(v_job -> 'delay')
-                WHEN 'number' THEN (v_job ->> 'delay')::double precision * interval '1 second'
-                WHEN 'string' THEN (v_job ->> 'delay')::interval
-                END;
-        EXCEPTION WHEN data_exception THEN
-            RAISE EXCEPTION 'pgfifo: %delay must be an interval such as "90 seconds" or a number of seconds (got %)',
-                v_where, v_job -> 'delay'
-                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
-                      COLUMN = 'delay';
-        END;
-        BEGIN
-            IF coalesce(jsonb_typeof(v_job -> 'window_period'), 'null') NOT IN ('number', 'string', 'null') THEN
-                RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
-            END IF;
-            v_period := CASE jsonb_typeof(v_job -> 'window_period')
-                WHEN 'number' THEN (v_job ->> 'window_period')::double precision * interval '1 second'
-                WHEN 'string' THEN (v_job ->> 'window_period')::interval
-                END;
-        EXCEPTION WHEN data_exception THEN
-            RAISE EXCEPTION 'pgfifo: %window_period must be an interval such as "10 minutes" or a number of seconds (got %)',
-                v_where, v_job -> 'window_period'
-                USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_bad_job',
-                      COLUMN = 'window_period';
-        END;
+        v_delay := pgfifo.add_job_interval(v_where, v_job, 'delay', '90 seconds');
+        v_period := pgfifo.add_job_interval(v_where, v_job, 'window_period', '10 minutes');
         IF NOT (v_job ? 'payload') THEN
             RAISE EXCEPTION 'pgfifo: %payload is missing (a job without data has the payload null or {})',
                 v_where
