@@ -3,7 +3,8 @@
 //! transaction, whatever the number of jobs it took; a session that dies
 //! frees it; a lane that cannot start a job at once takes none of the
 //! queue's; a limited queue that gave nothing does not keep its slot while
-//! other queues' jobs run; bad values written through SQL are refused.
+//! other queues' jobs run; a pick under a slot takes its lane's whole batch
+//! of heads; bad values written through SQL are refused.
 
 use diesel::sql_types::{Array, Integer, Text};
 use diesel::QueryableByName;
@@ -176,6 +177,54 @@ async fn a_limited_queue_that_gives_nothing_lets_its_slot_go_before_other_queues
     assert_eq!(took, vec![None], "commit and pick again");
     direct.batch_execute("COMMIT").await.unwrap();
     holder.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// The lane's batch (`pgfifo.pick_batch`, the jobs that fit in its batch
+/// window) with a limit of one head, as a lane asks when other lanes seek
+/// work: the heads of `queue`'s groups it took, and whether the
+/// transaction says it holds a queue slot (the column the runner reads).
+async fn pick_batch(conn: &mut AsyncPgConnection, queue: &str, batch: i32) -> (usize, bool) {
+    #[derive(QueryableByName)]
+    struct Marked {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        marked: bool,
+    }
+    conn.batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
+        .await
+        .expect("begin");
+    let row: Marked = diesel::sql_query(
+        "SELECT count(p.id) AS n, bool_and(coalesce(current_setting('pgfifo.queue_slot', true), '') <> '') AS marked \
+         FROM (SELECT set_config('pgfifo.pick_batch', $2::text, true) AS b) AS s \
+         CROSS JOIN LATERAL pgfifo.pick(ARRAY[$1], 0, 0, '{}', '{}', 60000, 1) AS p",
+    )
+    .bind::<Text, _>(queue)
+    .bind::<Integer, _>(batch)
+    .get_result(conn)
+    .await
+    .expect("pick");
+    conn.batch_execute("ROLLBACK").await.expect("rollback");
+    (usize::try_from(row.n).unwrap(), row.marked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_under_a_queue_slot_takes_its_whole_batch_of_heads() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_queue_limits(&mut conn, "qsql", QueueLimits::new().concurrency(2))
+        .await
+        .unwrap();
+    let groups = ["a", "b", "c", "d", "e", "f"];
+    enqueue(&db, "qsql", &groups).await;
+    enqueue(&db, "free", &groups).await;
+    let mut direct = db.direct().await;
+    // The slot is what a limited queue is short of: the heads that fit in
+    // the batch run under it one after another.
+    assert_eq!(pick_batch(&mut direct, "qsql", 4).await, (4, true));
+    // Without a queue limit, a limit of one stays one head (the other
+    // lanes take the rest side by side), and no slot is held.
+    assert_eq!(pick_batch(&mut direct, "free", 4).await, (1, false));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,11 @@ pub(crate) struct PickedJob {
     /// without the `otel` feature, which does not read it).
     #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub trace: Option<TraceContext>,
+    /// Whether the pick's transaction holds a slot of a queue with a
+    /// concurrency limit (`docs/queue-limits.md`): the jobs picked with it
+    /// run under that slot, and no other lane could start them before this
+    /// one commits and frees it.
+    pub under_queue_slot: bool,
 }
 
 impl PickedJob {
@@ -75,6 +80,8 @@ struct PickRow {
     more: Option<bool>,
     #[diesel(sql_type = Integer)]
     backend_pid: i32,
+    #[diesel(sql_type = Bool)]
+    queue_slot: bool,
     #[diesel(sql_type = Nullable<Text>)]
     traceparent: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
@@ -92,11 +99,17 @@ struct PickRow {
 /// and not by `pick`, whose result type released runners depend on. Scalar
 /// subqueries rather than a join: they keep `pick`'s row order, which
 /// matters (heads first, then followers in order).
+///
+/// Whether the transaction holds a queue's slot is read from the setting
+/// `pgfifo.queue_slot`, which `pick` sets when it takes one: a PL/pgSQL
+/// function in FROM returns its rows once it has run, so the setting is
+/// read after it.
 macro_rules! pick_sql {
     ($trace:literal) => {
         concat!(
             "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
-                    p.more, pg_backend_pid() AS backend_pid, ",
+                    p.more, pg_backend_pid() AS backend_pid, \
+                    coalesce(current_setting('pgfifo.queue_slot', true), '') <> '' AS queue_slot, ",
             $trace,
             " FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch, \
                            set_config('pgfifo.pick_soon', $2, true) AS soon) AS s \
@@ -180,6 +193,7 @@ pub(crate) async fn pick(
                 max_attempts,
                 sweep_slot: row.slot,
                 backend_pid: row.backend_pid,
+                under_queue_slot: row.queue_slot,
                 trace: row.traceparent.map(|traceparent| TraceContext {
                     traceparent,
                     tracestate: row.tracestate,

@@ -181,6 +181,7 @@ mod tests {
             max_attempts,
             sweep_slot: Some(1),
             backend_pid: 1,
+            under_queue_slot: false,
             trace: None,
         }
     }

@@ -272,6 +272,10 @@ BEGIN
                     CONTINUE WHEN NOT v_q_slot; -- at its limit
                     -- For a long run claimed in T (pgfifo.claim_long_run).
                     PERFORM set_config('pgfifo.queue_slot', v_q || chr(31) || v_qs, true);
+                    -- The slot is what the queue is short of: it carries as
+                    -- many jobs as fit in the lane's batch window (see
+                    -- "Queue limits" above).
+                    v_limit := greatest(v_limit, v_batch);
                 END IF;
                 IF v_ql.rate_count IS NOT NULL THEN
                     v_limit := 1;
@@ -710,6 +714,9 @@ BEGIN
             END IF;
             v_limit := v_limit0;
             v_batch := v_batch0;
+        ELSIF v_q_slot THEN
+            -- The queues after it get what the lane asked for.
+            v_limit := greatest(v_limit0, v_count);
         END IF;
     END LOOP;
     -- A pick that took all it could may have left other work ready: look

@@ -22,7 +22,9 @@
 //!   then running) for its commit, and so for its next job;
 //! * no handler after the first starts while another lane seeks work with
 //!   a slot free: the rest of the batch is handed back for the lanes that
-//!   stand idle, which take it side by side once this lane commits;
+//!   stand idle, which take it side by side once this lane commits (not
+//!   under a queue's slot: they would need that slot too, see
+//!   `docs/queue-limits.md`);
 //! * a lane sizes its next pick from what its handlers took: handlers that
 //!   use the connection, or take about the window, get one job per pick.
 //!
@@ -213,12 +215,15 @@ pub(super) async fn run_batch<'l>(
         // that took it saw no lane seeking, but one may have since found
         // nothing, e.g. in a tail where lanes finish together).
         // (Not for a job of a group that ran here already: it could not
-        // start in another lane before this one commits.)
+        // start in another lane before this one commits. Nor for a job
+        // picked under a queue's slot: the lanes that seek could not start
+        // it without that slot either, and the queue runs its jobs at the
+        // rate its slots turn over.)
         let follows = done.iter().any(|d| d.job.same_group(&job));
         if !done.is_empty()
             && (started.elapsed() >= batching.window()
                 || lanes.stop.is_cancelled()
-                || (!follows && board.others_seek(false)))
+                || (!follows && !job.under_queue_slot && board.others_seek(false)))
         {
             hand_back(lanes, std::iter::once((job, attempt)).chain(rest)).await;
             break;
