@@ -14,6 +14,7 @@ mod bad_input;
 mod dedup_windows;
 mod dedup_windows_races;
 mod dedup_windows_sql;
+mod dedup_windows_wide;
 mod enqueue_activation;
 mod enqueue_api;
 mod enqueue_interleavings;
