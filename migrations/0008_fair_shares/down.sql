@@ -16,6 +16,8 @@ DROP FUNCTION IF EXISTS pgfifo.add_job(text, text, jsonb, text, timestamptz, int
 DROP FUNCTION IF EXISTS pgfifo.add_job_traced(text, text, text);
 DROP FUNCTION IF EXISTS pgfifo.add_job_interval(text, jsonb, text, text);
 DROP FUNCTION IF EXISTS pgfifo.add_job_windowed(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[], text[], text[]);
+DROP FUNCTION IF EXISTS pgfifo.add_job_enqueued(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[], text[], text[]);
+DROP FUNCTION IF EXISTS pgfifo.add_job_outcome(text, text, jsonb, text, timestamptz, interval, integer, text, integer, text, text, text, text, interval);
 -- So did the windows' functions (functions/11_enqueue_window.sql).
 DROP FUNCTION IF EXISTS pgfifo.enqueue_outcomes(text[], text[], text[], jsonb[], smallint[], integer[], text[], bigint[], bigint[], text[], text[], bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.clean_windows(integer);

@@ -449,4 +449,17 @@ async fn the_documented_signatures_are_installed() {
         db.text(&signature("add_jobs")).await.as_deref(),
         Some("jobs jsonb -> bigint[]")
     );
+    assert_eq!(
+        db.text(&signature("add_job_outcome")).await.as_deref(),
+        Some(
+            "kind text, queue text, payload jsonb, group_id text DEFAULT NULL::text, \
+             run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, \
+             delay interval DEFAULT NULL::interval, priority integer DEFAULT NULL::integer, \
+             unique_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, \
+             traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text, \
+             window_key text DEFAULT NULL::text, window_mode text DEFAULT NULL::text, \
+             window_period interval DEFAULT NULL::interval, OUT id bigint, OUT outcome text \
+             -> record"
+        )
+    );
 }

@@ -184,32 +184,47 @@ $$;
 
 -- Enqueues jobs with de-duplication windows (pgfifo.enqueue_outcomes) and
 -- stores the trace contexts given (p_traceparent NULL: none) of the jobs
--- it created; a job it folded a row into keeps its own. Returns the ids.
--- Internal: called by add_job and add_jobs.
+-- it created; a job it folded a row into keeps its own. Returns the ids
+-- and the outcome of each ('created', 'deduplicated', 'debounced',
+-- 'throttled'). Internal: called by add_job_windowed and add_job_outcome.
+CREATE OR REPLACE FUNCTION pgfifo.add_job_enqueued(
+    p_queue text[], p_group text[], p_kind text[], p_payload jsonb[], p_priority smallint[],
+    p_max_attempts integer[], p_unique_key text[], p_run_at_us bigint[], p_delay_us bigint[],
+    p_window_key text[], p_window_mode text[], p_window_us bigint[],
+    p_traceparent text[], p_tracestate text[],
+    OUT ids bigint[], OUT outcomes text[]
+)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    SELECT o.ids, o.outcomes INTO ids, outcomes
+    FROM pgfifo.enqueue_outcomes(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                                 p_unique_key, p_run_at_us, p_delay_us,
+                                 p_window_key, p_window_mode, p_window_us) AS o;
+    IF p_traceparent IS NOT NULL AND to_regclass('pgfifo.job_trace') IS NOT NULL THEN
+        INSERT INTO pgfifo.job_trace (job_id, traceparent, tracestate)
+        SELECT t.id, t.tp, nullif(t.ts, '')
+        FROM unnest(ids, outcomes, p_traceparent, p_tracestate) AS t(id, outcome, tp, ts)
+        WHERE t.outcome = 'created' AND t.tp IS NOT NULL
+        ON CONFLICT (job_id) DO NOTHING;
+    END IF;
+END
+$$;
+
+-- The ids of pgfifo.add_job_enqueued. Internal: called by add_job and
+-- add_jobs.
 CREATE OR REPLACE FUNCTION pgfifo.add_job_windowed(
     p_queue text[], p_group text[], p_kind text[], p_payload jsonb[], p_priority smallint[],
     p_max_attempts integer[], p_unique_key text[], p_run_at_us bigint[], p_delay_us bigint[],
     p_window_key text[], p_window_mode text[], p_window_us bigint[],
     p_traceparent text[], p_tracestate text[]
 ) RETURNS bigint[]
-LANGUAGE plpgsql
+LANGUAGE sql
 AS $$
-DECLARE
-    o record;
-BEGIN
-    SELECT * INTO o
-    FROM pgfifo.enqueue_outcomes(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
-                                 p_unique_key, p_run_at_us, p_delay_us,
-                                 p_window_key, p_window_mode, p_window_us);
-    IF p_traceparent IS NOT NULL AND to_regclass('pgfifo.job_trace') IS NOT NULL THEN
-        INSERT INTO pgfifo.job_trace (job_id, traceparent, tracestate)
-        SELECT t.id, t.tp, nullif(t.ts, '')
-        FROM unnest(o.ids, o.outcomes, p_traceparent, p_tracestate) AS t(id, outcome, tp, ts)
-        WHERE t.outcome = 'created' AND t.tp IS NOT NULL
-        ON CONFLICT (job_id) DO NOTHING;
-    END IF;
-    RETURN o.ids;
-END
+    SELECT e.ids
+    FROM pgfifo.add_job_enqueued(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                                 p_unique_key, p_run_at_us, p_delay_us, p_window_key,
+                                 p_window_mode, p_window_us, p_traceparent, p_tracestate) AS e
 $$;
 
 -- Enqueues one job and returns its id (for a unique key that an unfinished
@@ -279,6 +294,68 @@ BEGIN
                            ARRAY[add_job.payload], ARRAY[v.priority], ARRAY[v.max_attempts],
                            ARRAY[add_job.unique_key], ARRAY[v.run_at_us],
                            ARRAY[v.delay_us]))[1];
+END
+$$;
+
+-- add_job that also says what became of the call: one row (id, outcome),
+-- outcome 'created' (a new job), 'deduplicated' (a unique key held by a
+-- queued job, or a unique window: id is that job's), 'debounced' (id is the
+-- waiting job that took this payload and start) or 'throttled' (id is the
+-- job of the key's current period; nothing was written). The same
+-- parameters, defaults and errors as add_job:
+--
+--   SELECT id, outcome FROM pgfifo.add_job_outcome(kind => 'Sync', queue => 'sync',
+--       payload => '{}', group_id => 'tenant-42', window_key => 'sync:42',
+--       window_mode => 'throttle', window_period => '1 minute');
+CREATE OR REPLACE FUNCTION pgfifo.add_job_outcome(
+    kind          text,
+    queue         text,
+    payload       jsonb,
+    group_id      text        DEFAULT NULL,
+    run_at        timestamptz DEFAULT NULL,
+    delay         interval    DEFAULT NULL,
+    priority      integer     DEFAULT NULL,
+    unique_key    text        DEFAULT NULL,
+    max_attempts  integer     DEFAULT NULL,
+    traceparent   text        DEFAULT NULL,
+    tracestate    text        DEFAULT NULL,
+    window_key    text        DEFAULT NULL,
+    window_mode   text        DEFAULT NULL,
+    window_period interval    DEFAULT NULL,
+    OUT id        bigint,
+    OUT outcome   text
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v        record;
+    v_us     bigint;
+    v_traced boolean;
+    e        record;
+BEGIN
+    SELECT * INTO v
+    FROM pgfifo.add_job_checked('', add_job_outcome.kind, add_job_outcome.queue,
+                                add_job_outcome.payload, add_job_outcome.group_id,
+                                add_job_outcome.run_at, add_job_outcome.delay,
+                                add_job_outcome.priority, add_job_outcome.unique_key,
+                                add_job_outcome.max_attempts);
+    v_us := pgfifo.add_job_window_checked('', add_job_outcome.window_key,
+                                          add_job_outcome.window_mode,
+                                          add_job_outcome.window_period,
+                                          add_job_outcome.unique_key, add_job_outcome.run_at,
+                                          add_job_outcome.delay);
+    v_traced := pgfifo.add_job_traced('', add_job_outcome.traceparent, add_job_outcome.tracestate);
+    SELECT * INTO e
+    FROM pgfifo.add_job_enqueued(
+        ARRAY[add_job_outcome.queue], ARRAY[add_job_outcome.group_id],
+        ARRAY[add_job_outcome.kind], ARRAY[add_job_outcome.payload], ARRAY[v.priority],
+        ARRAY[v.max_attempts], ARRAY[add_job_outcome.unique_key], ARRAY[v.run_at_us],
+        ARRAY[v.delay_us], ARRAY[CASE WHEN v_us IS NOT NULL THEN add_job_outcome.window_key END],
+        ARRAY[CASE WHEN v_us IS NOT NULL THEN add_job_outcome.window_mode END], ARRAY[v_us],
+        CASE WHEN v_traced THEN ARRAY[add_job_outcome.traceparent] END,
+        ARRAY[add_job_outcome.tracestate]);
+    id := e.ids[1];
+    outcome := e.outcomes[1];
 END
 $$;
 
