@@ -48,6 +48,7 @@ mod hot_groups_sql;
 mod long_mode;
 mod queue_limits;
 mod queue_limits_long;
+mod queue_limits_reasons;
 mod queue_limits_sql;
 mod retries;
 mod schedules;

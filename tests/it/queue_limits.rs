@@ -245,6 +245,47 @@ async fn a_queue_rate_bounds_every_window_of_its_starts() {
     );
 }
 
+/// A queue at its rate is looked at again when its tokens come, not at the
+/// runner's poll (`runner/queue_tokens.rs`): with a poll of a minute, a
+/// backlog at 20/s with a burst of 2 still starts at about 20 a second,
+/// and never faster than its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_at_its_rate_starts_when_its_tokens_come_not_at_the_poll() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let limits = QueueLimits::new()
+        .rate(Rate::per_second(20).unwrap())
+        .burst(2);
+    admin::set_queue_limits(&mut conn, "qlim", limits)
+        .await
+        .unwrap();
+    let runner = db
+        .start_runner(
+            test_config()
+                .concurrency(4)
+                .poll_interval(Duration::from_secs(60)),
+        )
+        .await;
+    let groups = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let ids = enqueue(&db, &groups, 5, 0).await;
+    // 40 jobs: 2 at once, then 38 at 20/s take about 1.9 s.
+    db.wait_jobs_in(&ids, "succeeded", Duration::from_secs(15))
+        .await;
+    runner.shutdown().await.unwrap();
+
+    assert_once_and_in_order(&runs(&db), &ids);
+    let starts = starts_in_queue(&db, "qlim").await;
+    assert_eq!(starts.len(), ids.len(), "one recorded start per job");
+    let span = starts[starts.len() - 1] - starts[0];
+    let achieved = (starts.len() - 2) as f64 / span;
+    assert!(
+        achieved >= 16.0,
+        "{achieved:.1} starts/s after the burst, over {span:.2}s (the rate: 20/s)"
+    );
+    let worst = worst_excess(&starts, 20.0, 2.0);
+    assert!(worst <= 0.001, "a window exceeded 2 + 20 × t by {worst}");
+}
+
 /// Limits changed while the runner runs apply to the next starts: a queue
 /// at 1 is raised to 4 and then back to 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

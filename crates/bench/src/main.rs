@@ -5,7 +5,9 @@
 //! of the web dashboard on a large queue) (see `docs/performance.md`),
 //! `group-rate` and `group-concurrency` (a group's rate limit across several
 //! runners, and what a group's concurrency buys; see the `group_controls`
-//! module). Each prints progress on stderr and exactly one JSON line on
+//! module), and `queue-rate` (a queue's rate limit across three runner
+//! processes, which are this binary run as `queue-rate-worker`; see the
+//! `queue_rate` module). Each prints progress on stderr and exactly one JSON line on
 //! stdout. Inputs are environment variables (`DATABASE_URL`, `JOBS`,
 //! `NGROUPS`, `WORKERS`, …); a flag `--jobs 5000` overrides `JOBS`. Each
 //! scenario recreates its own database on the server; `BENCH_DB_SUFFIX`
@@ -19,12 +21,13 @@ mod group_controls;
 mod latency;
 mod long_job;
 mod pg_cpu;
+mod queue_rate;
 mod status;
 
 use common::Inputs;
 
 const USAGE: &str = "usage: pgfifo-bench \
-    <fifo-groups|backlog|latency|long-job|status|dashboard|group-rate|group-concurrency> \
+    <fifo-groups|backlog|latency|long-job|status|dashboard|group-rate|group-concurrency|queue-rate> \
     [--name value]...";
 
 #[tokio::main]
@@ -51,6 +54,8 @@ async fn main() {
             "dashboard" => dashboard::run(&inputs).await,
             "group-rate" => group_controls::run_rate(&inputs).await,
             "group-concurrency" => group_controls::run_concurrency(&inputs).await,
+            "queue-rate" => queue_rate::run(&inputs).await,
+            "queue-rate-worker" => queue_rate::worker(&inputs).await,
             other => Err(format!("unknown scenario {other:?}\n{USAGE}")),
         },
     };

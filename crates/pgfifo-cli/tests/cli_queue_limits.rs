@@ -89,3 +89,90 @@ async fn bad_values_name_the_limit_and_change_nothing() {
     }
     assert_eq!(limits(url), before, "nothing changed");
 }
+
+/// `pgfifo groups` shows the queue's limits above its groups, and beside
+/// each ready group the reason it waits for its queue: every slot held
+/// (here by a session holding slot 0's lock, as a runner's lane does while
+/// it runs the queue's jobs), or an empty bucket. Once the slot is free,
+/// the reason is gone.
+#[tokio::test]
+async fn groups_say_when_they_wait_for_the_queue() {
+    use pgfifo::diesel_async::SimpleAsyncConnection;
+
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    support::enqueue(&db, QUEUE, &["a", "b"]).await;
+    pgfifo(Some(url), &["queue", "set", QUEUE, "--concurrency", "1"]).expect(0);
+    let groups = || {
+        pgfifo(Some(url), &["groups", "--queue", QUEUE])
+            .expect(0)
+            .stdout
+    };
+
+    let free = groups();
+    assert!(
+        free.starts_with("queue cli: 1 at once (0 running)\n\n"),
+        "{free}"
+    );
+    assert!(!free.contains("waiting:"), "{free}");
+
+    let mut lane = db.direct().await;
+    lane.batch_execute("SELECT pg_advisory_lock(1885824625, pgfifo.queue_slot_key('cli', 0))")
+        .await
+        .unwrap();
+    let full = groups();
+    assert!(
+        full.starts_with("queue cli: 1 at once (1 running, at its limit)\n\n"),
+        "{full}"
+    );
+    let reasons = full
+        .lines()
+        .filter(|l| {
+            l.contains("ready") && l.ends_with("waiting: the queue is at its limit of 1 running")
+        })
+        .count();
+    assert_eq!(reasons, 2, "{full}");
+    let json = pgfifo(Some(url), &["groups", "--queue", QUEUE, "--json"])
+        .expect(0)
+        .json();
+    assert_eq!(
+        json[0]["queue_wait"],
+        json!({"kind": "concurrency", "limit": 1, "running": 1})
+    );
+    drop(lane);
+
+    // A rate whose bucket is empty (a start took its only token).
+    pgfifo(
+        Some(url),
+        &[
+            "queue",
+            "set",
+            QUEUE,
+            "--concurrency",
+            "none",
+            "--rate",
+            "1/h",
+            "--burst",
+            "1",
+        ],
+    )
+    .expect(0);
+    db.exec(
+        "SELECT pgfifo.take_queue_tokens(ARRAY(SELECT min(id) FROM pgfifo.job), clock_timestamp())",
+    )
+    .await;
+    let empty = groups();
+    assert!(
+        empty.starts_with("queue cli: 1/h, burst 1 (0.0 tokens, next at "),
+        "{empty}"
+    );
+    assert!(
+        empty.contains("waiting: the queue's rate (1/h, burst 1) has no token left; next at "),
+        "{empty}"
+    );
+    let json = pgfifo(Some(url), &["groups", "--queue", QUEUE, "--json"])
+        .expect(0)
+        .json();
+    assert_eq!(json[1]["queue_wait"]["kind"], "rate");
+    assert_eq!(json[1]["queue_wait"]["rate"], "1/h");
+}

@@ -1,6 +1,8 @@
 //! `pgfifo groups`, `pgfifo jobs` and `pgfifo job ID`: read-only views.
 
-use pgfifo::admin::{self, GroupInfo, GroupQuery, GroupState, JobDetail, JobQuery};
+use pgfifo::admin::{
+    self, GroupInfo, GroupQuery, GroupState, JobDetail, JobQuery, QueueUsage, QueueWait,
+};
 use pgfifo::diesel_async::AsyncPgConnection;
 use pgfifo::JobId;
 
@@ -18,11 +20,13 @@ pub async fn groups(
     query: &GroupQuery,
 ) -> CliResult {
     let groups = admin::groups(conn, queue, query).await?;
+    let usage = admin::queue_usage(conn, queue).await?;
     let full = query.limit.is_some_and(|l| groups.len() as i64 >= l);
     out.emit(&groups, |groups| {
+        let header = usage.map_or_else(String::new, |u| queue_line(queue, &u));
         if groups.is_empty() {
             let which = if query.blocked_only { "blocked " } else { "" };
-            return format!("no {which}groups in queue {queue}");
+            return format!("{header}no {which}groups in queue {queue}");
         }
         let mut table = Table::new(&[
             "GROUP", "STATE", "BACKLOG", "RUNNING", "HEAD", "HEAD AGE", "LIMIT", "TOKENS", "DETAIL",
@@ -40,13 +44,34 @@ pub async fn groups(
                 group_detail(g),
             ]);
         }
-        let mut text = table.render();
+        let mut text = header + &table.render();
         if full {
             let last = groups.last().map_or("", |g| g.group.as_str());
             text.push_str(&format!("\nmore may follow: --after {last:?}\n"));
         }
         text
     })
+}
+
+/// The queue's limits and what they hold back now, above its groups:
+/// `queue payments: 20 at once (20 running, at its limit), 100/m, burst 10
+/// (0.4 tokens, next at <time>)`.
+fn queue_line(queue: &str, usage: &QueueUsage) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = usage.limits.concurrency {
+        let running = usage.running.unwrap_or(0);
+        let full = if usage.at_limit { ", at its limit" } else { "" };
+        parts.push(format!("{n} at once ({running} running{full})"));
+    }
+    if let Some(rate) = usage.limits.rate {
+        let burst = usage.limits.burst.unwrap_or(rate.count());
+        let tokens = usage.tokens.unwrap_or(0.0).max(0.0);
+        let next = usage
+            .next_token_at
+            .map_or_else(String::new, |at| format!(", next at {}", time(at)));
+        parts.push(format!("{rate}, burst {burst} ({tokens:.1} tokens{next})"));
+    }
+    format!("queue {queue}: {}\n\n", parts.join(", "))
 }
 
 /// A group's rate limit and weight: `10/s burst 20, weight 3`, the weight
@@ -100,7 +125,20 @@ fn group_detail(g: &GroupInfo) -> String {
         GroupState::RateLimited => {
             format!("next token at {}", or_dash(g.waiting_until.map(time)))
         }
-        GroupState::Idle | GroupState::Ready | GroupState::Running => String::new(),
+        GroupState::Ready => g.queue_wait.map_or_else(String::new, queue_wait),
+        GroupState::Idle | GroupState::Running => String::new(),
+    }
+}
+
+/// Why a ready head waits for its queue: `waiting: the queue is at its
+/// limit of 20 running`, or its rate's reason with the next token's time.
+fn queue_wait(wait: QueueWait) -> String {
+    match wait {
+        QueueWait::Rate {
+            next_token_at: Some(at),
+            ..
+        } => format!("{wait}; next at {}", time(at)),
+        _ => wait.to_string(),
     }
 }
 

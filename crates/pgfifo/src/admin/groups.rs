@@ -7,6 +7,7 @@ use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use super::controls::{rate_of, ser_opt_rate};
+use super::queue_usage::{self, QueueWait};
 use super::time::{age_from_micros, from_micros, ser_opt_secs, ser_opt_time};
 use crate::db;
 use crate::db::admin::inspect::{GroupFilter, GroupRow};
@@ -99,6 +100,11 @@ pub struct GroupInfo {
     /// Whether limits of its own are set (`pgfifo group set`), rather than
     /// only its queue's defaults.
     pub own_limits: bool,
+    /// Why its head, ready, cannot start now because of its queue's limits
+    /// (only in state [`Ready`](GroupState::Ready); `None`: the queue would
+    /// let it start, and it waits for a runner's turn). Read at the moment
+    /// of the listing: a slot or token can come free the next moment.
+    pub queue_wait: Option<QueueWait>,
 }
 
 /// The order [`groups`] lists groups in.
@@ -193,7 +199,8 @@ pub async fn groups(
                     .await?
             }
         };
-        Ok(rows.into_iter().map(info).collect())
+        let wait = queue_wait(conn, queue).await?;
+        Ok(rows.into_iter().map(|row| info(row, wait)).collect())
     })
     .await
 }
@@ -215,13 +222,25 @@ pub async fn group(
             limit: 1,
         };
         let rows = db::admin::inspect::groups(conn, queue, filter).await?;
-        Ok(rows.into_iter().find(|row| row.group_id == group).map(info))
+        let wait = queue_wait(conn, queue).await?;
+        Ok(rows
+            .into_iter()
+            .find(|row| row.group_id == group)
+            .map(|row| info(row, wait)))
     })
     .await
 }
 
-/// A listed group, from its row.
-fn info(row: GroupRow) -> GroupInfo {
+/// Why a ready head of `queue` waits for the queue now, if it does (read
+/// after the groups: a slot freed in between shows no reason).
+async fn queue_wait(conn: &mut AsyncPgConnection, queue: &str) -> Result<Option<QueueWait>> {
+    Ok(queue_usage::read(conn, queue)
+        .await?
+        .and_then(|usage| usage.wait()))
+}
+
+/// A listed group, from its row, with `wait` if its head is ready.
+fn info(row: GroupRow, wait: Option<QueueWait>) -> GroupInfo {
     let state = state_of(&row);
     let has_head = row.head_state.is_some();
     GroupInfo {
@@ -239,6 +258,7 @@ fn info(row: GroupRow) -> GroupInfo {
         weight: row.weight as u32,
         running: row.running,
         own_limits: row.own_limits,
+        queue_wait: wait.filter(|_| state == GroupState::Ready),
         head_error: matches!(state, GroupState::Retrying | GroupState::Held)
             .then(|| row.head_error.clone())
             .flatten(),

@@ -19,6 +19,7 @@
 //! | cancel a job, skip a group's head | [`cancel_job`], [`skip_head`] |
 //! | pause and resume a queue or one group | [`pause_queue`], [`pause_group`], … |
 //! | failure policy of a queue | [`set_failure_policy`] |
+//! | a whole queue's limits, and what they hold back now | [`set_queue_limits`], [`change_queue_limits`], [`queue_limits`], [`queue_usage`] |
 //! | rate limits per group, and a queue's defaults | [`set_group_limits`], [`set_default_group_limits`], [`reset_group_limits`], [`limits`] |
 //! | delete old finished jobs, idle groups, ended windows | [`purge`], [`clean_groups`], [`clean_windows`] |
 //! | recurring jobs: list, recent ticks, pause, resume, delete | [`schedules`], [`schedule_ticks`], [`pause_schedule`], [`resume_schedule`], [`delete_schedule`] |
@@ -43,6 +44,7 @@ mod groups;
 mod jobs;
 mod ops;
 mod queue_limits;
+mod queue_usage;
 mod runners;
 mod schedules;
 mod status;
@@ -63,6 +65,7 @@ pub use ops::{
     FailurePolicy, FinishedState, PurgeBatch, Retried, RetryResult, PURGE_BATCH,
 };
 pub use queue_limits::{change_queue_limits, queue_limits, reset_queue_limits, set_queue_limits};
+pub use queue_usage::{queue_usage, QueueUsage, QueueWait};
 pub use runners::{runners, throughput, MinuteCount, RunnerInfo};
 pub use schedules::{
     delete_schedule, pause_schedule, resume_schedule, schedule, schedule_ticks, schedules,

@@ -100,7 +100,7 @@ pub(super) async fn read(conn: &mut AsyncPgConnection, queue: &str) -> Result<Op
     Ok(row.map(queue_limits_of_row))
 }
 
-fn queue_limits_of_row(row: QueueControlRow) -> QueueLimits {
+pub(super) fn queue_limits_of_row(row: QueueControlRow) -> QueueLimits {
     QueueLimits {
         concurrency: row.concurrency.map(|n| n as u32),
         rate: rate_of(row.rate_count, row.rate_period_ms),

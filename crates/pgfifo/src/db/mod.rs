@@ -19,6 +19,7 @@ pub(crate) mod maintenance;
 pub(crate) mod migrate;
 pub(crate) mod pick;
 pub mod pooler;
+pub(crate) mod queue_rate;
 pub(crate) mod runner;
 pub(crate) mod schedule;
 pub(crate) mod session_sql;

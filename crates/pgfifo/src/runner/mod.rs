@@ -38,6 +38,7 @@ mod listener;
 mod maintenance;
 pub mod metrics;
 pub(crate) mod outcome;
+mod queue_tokens;
 mod scheduler;
 mod sessions;
 mod timer;
@@ -231,6 +232,15 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         move |ready| board.wake(ready)
     };
     tracker.spawn(timer::run(timer.clone(), wake, stop.clone()));
+    // A rate-limited queue's next tokens wake a lane through the timer.
+    let tokens = queue_tokens::QueueTokens {
+        pool: pool.clone(),
+        queues: queues.clone(),
+        poll_interval: config.poll_interval,
+        round_trip: config.round_trip_timeout,
+        timer: timer.clone(),
+    };
+    tracker.spawn(tokens.run(stop.clone()));
     let heartbeat = Heartbeat {
         pool: pool.clone(),
         name: config.name.clone(),

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use maud::{html, Markup};
 
-use super::{conn, first_line, reason, Ctx};
-use crate::admin::{self, GroupInfo, GroupState, JobQuery, JobStateFilter, JobSummary, SetLimits};
+use super::{conn, first_line, queue_usage, reason, Ctx};
+use crate::admin::{
+    self, GroupInfo, GroupState, JobQuery, JobStateFilter, JobSummary, QueueUsage, SetLimits,
+};
 use crate::dashboard::fail::Fail;
 use crate::dashboard::html::{
     ago, at, group_badge, job_badge, job_href, jobs, queue_href, thousands, until,
@@ -41,6 +43,7 @@ pub(crate) async fn page(
     let history = admin::group_history(&mut conn, &queue, &group, SHOWN).await?;
     let own = admin::limits_of(&mut conn, &queue, Some(&group)).await?;
     let defaults = admin::limits_of(&mut conn, &queue, None).await?;
+    let usage = admin::queue_usage(&mut conn, &queue).await?;
     drop(conn);
     let body = html! {
         p { a href=(queue_href(&ctx.base, &queue)) { "← queue " (queue) } }
@@ -56,7 +59,7 @@ pub(crate) async fn page(
             @if let Some(e) = &info.head_error { dt { "head's last error" } dd.error { (e) } }
         }
         h2 { "Limits" }
-        (limits(&ctx, &info, own.as_ref(), defaults.as_ref()))
+        (limits(&ctx, &info, own.as_ref(), defaults.as_ref(), usage.as_ref()))
         h2 { "Next jobs" }
         (job_table(&ctx, &waiting, "No job waiting."))
         h2 { "Recent history" }
@@ -93,12 +96,13 @@ fn actions(ctx: &Ctx, queue: &str, info: &GroupInfo) -> Markup {
 
 /// The limits that apply to the group now, each with where it comes from
 /// (the group's own setting, the queue's default, or neither), its tokens,
-/// and its snooze.
+/// its snooze, and its whole queue's limits if it has any.
 fn limits(
     ctx: &Ctx,
     info: &GroupInfo,
     own: Option<&SetLimits>,
     defaults: Option<&SetLimits>,
+    queue: Option<&QueueUsage>,
 ) -> Markup {
     // Where a setting comes from: `otherwise` when neither row sets it.
     let from = |set: fn(&SetLimits) -> bool, otherwise: &'static str| {
@@ -142,6 +146,13 @@ fn limits(
             dd {
                 (info.weight)
                 span.muted { " · " (from(|l| l.weight.is_some(), "not set: the default")) }
+            }
+            @if let Some(usage) = queue {
+                dt { "whole queue" }
+                dd {
+                    (queue_usage(usage))
+                    span.muted { " · shared by all its groups" }
+                }
             }
             @if let Some(t) = info.snoozed_until {
                 dt { "snoozed until" }

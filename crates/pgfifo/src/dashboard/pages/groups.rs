@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use maud::{html, Markup};
 use serde::Deserialize;
 
-use super::{conn, reason, Ctx};
+use super::{conn, queue_usage, reason, Ctx};
 use crate::admin::{self, GroupOrder, GroupQuery};
 use crate::dashboard::fail::Fail;
 use crate::dashboard::html::{ago, enc, group_badge, group_href, job_href, queue_href};
@@ -91,6 +91,7 @@ pub(crate) async fn page(
     let mut conn = conn(&shared).await?;
     let mut groups = admin::groups(&mut conn, &queue, &query).await?;
     let status = admin::queue_status(&mut conn, &queue, BACKLOGS).await?;
+    let usage = admin::queue_usage(&mut conn, &queue).await?;
     drop(conn);
     let more = groups.len() as i64 > PAGE;
     groups.truncate(PAGE as usize);
@@ -126,6 +127,9 @@ pub(crate) async fn page(
             div.card { div.k { "failed" } div.v { a href={ (href) "/failed" } { (status.failed.value) } } }
             div.card { div.k { "lag" } div.v { @if let Some(a) = status.oldest_queued_age { (ago(a)) } @else { "–" } } }
             div.card { div.k { "failure policy" } div.v { (status.failure_policy.as_str()) } }
+            @if let Some(usage) = &usage {
+                div.card #queue-limits { div.k { "queue limits" } div.v { (queue_usage(usage)) } }
+            }
         }
         @if !status.largest_backlogs.is_empty() {
             h2 { "Largest backlogs" }

@@ -18,7 +18,7 @@ use super::fail::Fail;
 use super::html::{layout, ActionForm};
 use super::security::CsrfToken;
 use super::Shared;
-use crate::admin::{GroupInfo, GroupState};
+use crate::admin::{GroupInfo, GroupState, QueueUsage, QueueWait};
 use crate::db::PooledConnection;
 
 /// What a page handler works with.
@@ -93,7 +93,10 @@ pub(crate) fn reason(g: &GroupInfo) -> String {
         .unwrap_or_default();
     match g.state {
         GroupState::Idle => "no job waiting".to_owned(),
-        GroupState::Ready => format!("{head} is ready and waits for a free runner slot"),
+        GroupState::Ready => match g.queue_wait {
+            Some(wait) => format!("{head} is ready, {}", queue_wait(wait)),
+            None => format!("{head} is ready and waits for a free runner slot"),
+        },
         GroupState::Running => format!("{head} is running ({attempts} so far)"),
         GroupState::Scheduled => match g.waiting_until {
             Some(t) => format!("{head} is scheduled: starts in {}", super::html::ago(super::html::until(t))),
@@ -132,6 +135,45 @@ pub(crate) fn reason(g: &GroupInfo) -> String {
             }
         }
     }
+}
+
+/// Why a ready head waits for its queue, with when its next token is due.
+pub(crate) fn queue_wait(wait: QueueWait) -> String {
+    match wait {
+        QueueWait::Rate {
+            next_token_at: Some(t),
+            ..
+        } => format!(
+            "{wait}: the next is due in {}",
+            super::html::ago(super::html::until(t))
+        ),
+        _ => wait.to_string(),
+    }
+}
+
+/// A queue's limits and what they hold back now: `20 at once, 20 running
+/// now (at its limit) · 100/m, burst 10, 0.4 tokens now`.
+pub(crate) fn queue_usage(usage: &QueueUsage) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = usage.limits.concurrency {
+        let full = if usage.at_limit {
+            " (at its limit)"
+        } else {
+            ""
+        };
+        parts.push(format!(
+            "{n} at once, {} running now{full}",
+            usage.running.unwrap_or(0)
+        ));
+    }
+    if let Some(rate) = usage.limits.rate {
+        parts.push(format!(
+            "{rate}, burst {}, {:.1} tokens now",
+            usage.limits.burst.unwrap_or(rate.count()),
+            usage.tokens.unwrap_or(0.0).max(0.0)
+        ));
+    }
+    parts.join(" · ")
 }
 
 /// The first line of `text`, cut at 160 characters.

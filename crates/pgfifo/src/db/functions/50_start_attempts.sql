@@ -36,6 +36,24 @@ BEGIN
     -- those of starts that their groups then refuse.
     IF to_regclass('pgfifo.queue_control') IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM pgfifo.queue_control AS c WHERE c.rate_count IS NOT NULL) THEN
+            -- The buckets of these jobs' queues are locked first (in queue
+            -- order, as take_queue_tokens locks them), and the time of the
+            -- starts is read once they are held: the starts' records are
+            -- then in the order their tokens were taken, each at the time
+            -- its bucket was counted. (Read before a wait for a bucket
+            -- held by another start, a start's record could precede the
+            -- other's while its token was counted after it: a window of
+            -- the records would show more starts than burst + rate × t.)
+            PERFORM 1 FROM pgfifo.queue_bucket AS b
+            WHERE b.queue IN (SELECT j.queue FROM pgfifo.job AS j
+                              JOIN pgfifo.queue_control AS c
+                                ON c.queue = j.queue AND c.rate_count IS NOT NULL
+                              WHERE j.id = ANY (p_ids))
+            ORDER BY b.queue
+            FOR UPDATE;
+            IF FOUND THEN
+                v_now := clock_timestamp();
+            END IF;
             v_q_refused := pgfifo.take_queue_tokens(p_ids, v_now);
             v_q_took := true;
         END IF;
