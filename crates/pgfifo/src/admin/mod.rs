@@ -21,6 +21,7 @@
 //! | failure policy of a queue | [`set_failure_policy`] |
 //! | rate limits per group, and a queue's defaults | [`set_group_limits`], [`set_default_group_limits`], [`reset_group_limits`], [`limits`] |
 //! | delete old finished jobs, idle groups, ended windows | [`purge`], [`clean_groups`], [`clean_windows`] |
+//! | batches' progress, one batch's jobs and callbacks | [`batches`], [`batch`] |
 //! | recurring jobs: list, recent ticks, pause, resume, delete | [`schedules`], [`schedule_ticks`], [`pause_schedule`], [`resume_schedule`], [`delete_schedule`] |
 //!
 //! ```no_run
@@ -38,6 +39,7 @@
 //! # }
 //! ```
 
+mod batches;
 mod controls;
 mod groups;
 mod jobs;
@@ -48,6 +50,9 @@ mod schedules;
 mod status;
 mod time;
 
+pub use batches::{
+    batch, batches, BatchCallback, BatchMember, BatchProgress, BatchState, BatchSummary,
+};
 pub use controls::{
     change_group_limits, limits, limits_of, reset_default_group_limits, reset_group_limits,
     set_default_group_limits, set_group_limits, SetLimits,
