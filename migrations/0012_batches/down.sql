@@ -7,8 +7,11 @@ DROP FUNCTION IF EXISTS pgfifo.batch_close(bigint);
 DROP FUNCTION IF EXISTS pgfifo.batch_outcomes(bigint[], text[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_retried(bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_settle(bigint);
+DROP FUNCTION IF EXISTS pgfifo.batch_count_jobs(bigint, integer, integer);
+DROP FUNCTION IF EXISTS pgfifo.batch_take(bigint, integer, integer, integer, integer);
 DROP TABLE IF EXISTS pgfifo.batch_callback;
 DROP TABLE IF EXISTS pgfifo.batch_job;
+DROP TABLE IF EXISTS pgfifo.batch_shard;
 DROP TABLE IF EXISTS pgfifo.batch;
 -- The function set recorded as installed is no longer what is installed:
 -- the next `migrate up` installs it again.

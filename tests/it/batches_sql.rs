@@ -117,7 +117,8 @@ async fn the_last_two_jobs_ending_at_once_enqueue_the_callback_once() {
     assert_eq!(db.scalar(CALLBACKS).await, 1, "the callback once");
     assert_eq!(
         db.scalar(&format!(
-            "SELECT succeeded * 10 + total FROM pgfifo.batch WHERE id = {}",
+            "SELECT sum(s.succeeded) * 10 + min(b.total) FROM pgfifo.batch AS b
+             JOIN pgfifo.batch_shard AS s ON s.batch_id = b.id WHERE b.id = {}",
             batch.id
         ))
         .await,
@@ -179,6 +180,7 @@ async fn a_batch_enqueued_in_a_transaction_that_rolls_back_leaves_nothing() {
         db.scalar(
             "SELECT (SELECT count(*) FROM pgfifo.job) + (SELECT count(*) FROM pgfifo.batch)
                   + (SELECT count(*) FROM pgfifo.batch_job) + (SELECT count(*) FROM pgfifo.batch_callback)
+    + (SELECT count(*) FROM pgfifo.batch_shard)
                   + (SELECT count(*) FROM pgfifo.group_wake)"
         )
         .await,
@@ -189,7 +191,8 @@ async fn a_batch_enqueued_in_a_transaction_that_rolls_back_leaves_nothing() {
 /// Rows of every table a batch writes to.
 const WRITTEN: &str =
     "SELECT (SELECT count(*) FROM pgfifo.job) + (SELECT count(*) FROM pgfifo.batch)
-    + (SELECT count(*) FROM pgfifo.batch_job) + (SELECT count(*) FROM pgfifo.batch_callback)";
+    + (SELECT count(*) FROM pgfifo.batch_job) + (SELECT count(*) FROM pgfifo.batch_callback)
+    + (SELECT count(*) FROM pgfifo.batch_shard)";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_a_clear_error_that_writes_nothing() {

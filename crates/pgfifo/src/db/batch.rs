@@ -103,7 +103,8 @@ pub(crate) struct BatchRow {
     pub cancelled: i32,
 }
 
-/// The select list of a [`BatchRow`] from `pgfifo.batch AS b`.
+/// The select list of a [`BatchRow`] from `pgfifo.batch AS b`, its counts
+/// summed over its shards.
 macro_rules! batch_columns {
     () => {
         "SELECT b.id, b.description,
@@ -111,8 +112,13 @@ macro_rules! batch_columns {
                 (extract(epoch FROM b.closed_at) * 1e6)::bigint AS closed_at_us,
                 (extract(epoch FROM b.completed_at) * 1e6)::bigint AS completed_at_us,
                 (extract(epoch FROM b.first_failed_at) * 1e6)::bigint AS first_failed_at_us,
-                b.total, b.succeeded, b.failed, b.cancelled
-         FROM pgfifo.batch AS b "
+                b.total, s.succeeded, s.failed, s.cancelled
+         FROM pgfifo.batch AS b
+         CROSS JOIN LATERAL (
+             SELECT coalesce(sum(x.succeeded), 0)::integer AS succeeded,
+                    coalesce(sum(x.failed), 0)::integer AS failed,
+                    coalesce(sum(x.cancelled), 0)::integer AS cancelled
+             FROM pgfifo.batch_shard AS x WHERE x.batch_id = b.id) AS s "
     };
 }
 

@@ -8,25 +8,30 @@
 -- only while pgfifo.batch_job exists: after `migrate down` below 12 they
 -- work as before.
 --
--- Locking contract. A batch's row is locked (UPDATE) by every transaction
--- that changes its counters: one UPDATE per batch per call, in batch id
--- order, held until that transaction commits, which follows at once for a
--- runner's completion. The events are decided and the callbacks enqueued
--- under that lock, so two transactions that end a batch's last jobs at the
--- same moment are serialized by the row: the second one sees the first
--- one's counts and callback ids (READ COMMITTED: each statement sees what
--- committed before it), and a callback is enqueued once. A transaction
--- that rolls back (a crash, a lost connection) takes its counts and its
--- callbacks with it.
+-- Counting. A batch's counts are kept in up to 64 shards
+-- (pgfifo.batch_shard): its jobs without a terminal outcome are spread
+-- over them as numbers, and a transaction that ends k of them takes k off
+-- one shard that no other transaction holds (see batch_take), so runners
+-- ending a batch's jobs at the same moment update different rows. The
+-- transaction that brings a shard to 0 (exactly one: the row serializes
+-- them) then locks the batch's row and counts the shard as done; the one
+-- that makes every shard done, with the batch closed, decides 'complete'
+-- (and 'success'), under that lock. The first failure decides 'failure'
+-- under the batch's row lock too (first_failed_at set once). The events'
+-- callbacks are enqueued there, and their job ids recorded, so each one is
+-- enqueued once; a transaction that rolls back (a crash, a lost
+-- connection) takes its counts and its callbacks with it.
 --
--- Lock order. A completion takes the batch's row after its jobs' rows and
--- before it moves its groups' heads (advance_head takes a group's
--- exclusive advisory lock, without waiting): a callback's enqueue, which
--- waits for that advisory lock shared, never waits for a transaction
--- that waits for the batch's row. Adding jobs enqueues them first and
--- locks the batch's row last, for the same reason.
+-- Lock order: shard rows (in batch, shard order), then batch rows (in id
+-- order), in every function here: complete, cancel_job, skip_head,
+-- retry_jobs, adding jobs and closing. A completion takes them after its
+-- jobs' rows and before it moves its groups' heads (advance_head takes a
+-- group's exclusive advisory lock, without waiting): a callback's enqueue,
+-- which waits for that advisory lock shared, never waits for a transaction
+-- that waits for a batch's row. Adding jobs enqueues them first and locks
+-- the batch's rows last, for the same reason.
 
--- Fires the events that p_batch's counters decide and that have not fired:
+-- Fires the events that p_batch's counts decide and that have not fired:
 -- enqueues their callbacks (through pgfifo.enqueue, which wakes runners
 -- when the transaction commits) and records the callbacks' job ids. The
 -- caller holds the batch's row locked. Events:
@@ -43,23 +48,30 @@ DECLARE
     v_cb     record;
     v_events text[] := '{}';
     v_id     bigint;
+    v_done   boolean;
+    v_ok     bigint;
 BEGIN
-    SELECT b.closed_at, b.completed_at, b.total, b.succeeded, b.failed, b.cancelled
+    SELECT b.closed_at, b.completed_at, b.first_failed_at, b.total, b.shards, b.shards_done
     INTO v_b FROM pgfifo.batch AS b WHERE b.id = p_batch;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF v_b.failed > 0 THEN
+    IF v_b.first_failed_at IS NOT NULL THEN
         v_events := v_events || 'failure'::text;
     END IF;
-    IF v_b.closed_at IS NOT NULL AND v_b.succeeded + v_b.failed + v_b.cancelled = v_b.total THEN
+    v_done := v_b.closed_at IS NOT NULL AND v_b.shards_done = v_b.shards;
+    IF v_done THEN
         v_events := v_events || 'complete'::text;
         IF v_b.completed_at IS NULL THEN
             UPDATE pgfifo.batch SET completed_at = clock_timestamp() WHERE id = p_batch;
         END IF;
-    END IF;
-    IF v_b.closed_at IS NOT NULL AND v_b.succeeded = v_b.total THEN
-        v_events := v_events || 'success'::text;
+        -- Every shard is done, each by a transaction that committed before
+        -- this one locked the batch, or by this one: the sum is exact.
+        SELECT coalesce(sum(s.succeeded), 0) INTO v_ok
+        FROM pgfifo.batch_shard AS s WHERE s.batch_id = p_batch;
+        IF v_ok = v_b.total THEN
+            v_events := v_events || 'success'::text;
+        END IF;
     END IF;
     IF cardinality(v_events) = 0 THEN
         RETURN;
@@ -79,56 +91,207 @@ BEGIN
 END
 $$;
 
+-- p_n jobs join batch p_batch's counts as remaining (new jobs, or failed
+-- jobs an operator retried: p_failed of them leave 'failed'), spread over
+-- its 64 shards (shard i takes the i-th share). Locks the shard rows in
+-- shard order, then the batch's row; returns the batch's closed_at (NULL:
+-- open), or raises pgfifo_batch_missing. The caller checks that the batch
+-- may take them.
+CREATE OR REPLACE FUNCTION pgfifo.batch_count_jobs(p_batch bigint, p_n integer, p_failed integer)
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_before  integer;
+    v_share   integer;
+    v_new     integer := 0;
+    v_reopen  integer := 0;
+    v_closed  timestamptz;
+BEGIN
+    -- (Read without a lock: the lock comes after the shards'.)
+    IF NOT EXISTS (SELECT 1 FROM pgfifo.batch AS b WHERE b.id = p_batch) THEN
+        RAISE EXCEPTION 'pgfifo batch: no batch has id %', p_batch
+            USING ERRCODE = 'no_data_found', CONSTRAINT = 'pgfifo_batch_missing',
+                  DETAIL = p_batch::text;
+    END IF;
+    FOR v_shard IN 0 .. least(p_n, 64) - 1 LOOP
+        v_share := p_n / 64 + CASE WHEN v_shard < p_n % 64 THEN 1 ELSE 0 END;
+        SELECT s.remaining INTO v_before FROM pgfifo.batch_shard AS s
+        WHERE s.batch_id = p_batch AND s.shard = v_shard
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO pgfifo.batch_shard (batch_id, shard, remaining)
+            VALUES (p_batch, v_shard, v_share);
+            v_new := v_new + 1;
+        ELSE
+            UPDATE pgfifo.batch_shard SET remaining = remaining + v_share
+            WHERE batch_id = p_batch AND shard = v_shard;
+            IF v_before = 0 THEN
+                v_reopen := v_reopen + 1;
+            END IF;
+        END IF;
+        -- Retried jobs leave 'failed' (on any shard: only sums mean
+        -- something).
+        IF v_shard = 0 AND p_failed > 0 THEN
+            UPDATE pgfifo.batch_shard SET failed = failed - p_failed
+            WHERE batch_id = p_batch AND shard = 0;
+        END IF;
+    END LOOP;
+    UPDATE pgfifo.batch AS b
+    SET total = b.total + p_n - p_failed,
+        shards = b.shards + v_new,
+        shards_done = b.shards_done - v_reopen
+    WHERE b.id = p_batch
+    RETURNING b.closed_at INTO v_closed;
+    RETURN v_closed;
+END
+$$;
+
+-- Takes p_n jobs (p_s succeeded, p_f failed, p_c cancelled) off batch
+-- p_batch's remaining ones; returns how many shards it emptied. A job may
+-- be taken off any shard (a shard holds a number of jobs, not which ones),
+-- so a completion takes them from a shard with enough left that no other
+-- transaction holds, without waiting: runners ending jobs of one
+-- batch at the same moment update different rows. Only when none is free
+-- (the batch's last jobs) does it wait for shards, in shard order, taking
+-- what each has left.
+CREATE OR REPLACE FUNCTION pgfifo.batch_take(p_batch bigint, p_n integer, p_s integer, p_f integer, p_c integer)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_shard   smallint;
+    v_left    integer;
+    v_need    integer := p_n;
+    v_take    integer;
+    v_emptied integer := 0;
+    v_counted boolean := false;
+    v_start   integer := pg_backend_pid() % 64;
+    v_from    integer;
+    v_to      integer;
+BEGIN
+    -- Each session starts at a shard of its own (by its backend's pid), so
+    -- that runners' lanes mostly keep to different rows; then from 0.
+    FOR v_from, v_to IN VALUES (v_start, 63), (0, v_start - 1) LOOP
+        UPDATE pgfifo.batch_shard AS s
+        SET remaining = s.remaining - p_n, succeeded = s.succeeded + p_s,
+            failed = s.failed + p_f, cancelled = s.cancelled + p_c
+        WHERE s.batch_id = p_batch
+          AND s.shard = (SELECT x.shard FROM pgfifo.batch_shard AS x
+                         WHERE x.batch_id = p_batch AND x.shard BETWEEN v_from AND v_to
+                           AND x.remaining >= p_n
+                         ORDER BY x.batch_id, x.shard
+                         LIMIT 1
+                         FOR UPDATE SKIP LOCKED)
+        RETURNING s.remaining INTO v_left;
+        IF FOUND THEN
+            RETURN CASE WHEN v_left = 0 THEN 1 ELSE 0 END;
+        END IF;
+    END LOOP;
+    FOR v_shard IN
+        SELECT s.shard FROM pgfifo.batch_shard AS s WHERE s.batch_id = p_batch
+        ORDER BY s.batch_id, s.shard
+    LOOP
+        EXIT WHEN v_need = 0;
+        SELECT s.remaining INTO v_left FROM pgfifo.batch_shard AS s
+        WHERE s.batch_id = p_batch AND s.shard = v_shard
+        FOR UPDATE;
+        v_take := least(v_left, v_need);
+        CONTINUE WHEN v_take = 0 AND v_counted;
+        UPDATE pgfifo.batch_shard AS s
+        SET remaining = s.remaining - v_take,
+            succeeded = s.succeeded + CASE WHEN v_counted THEN 0 ELSE p_s END,
+            failed = s.failed + CASE WHEN v_counted THEN 0 ELSE p_f END,
+            cancelled = s.cancelled + CASE WHEN v_counted THEN 0 ELSE p_c END
+        WHERE s.batch_id = p_batch AND s.shard = v_shard;
+        v_counted := true;
+        v_need := v_need - v_take;
+        IF v_take > 0 AND v_left = v_take THEN
+            v_emptied := v_emptied + 1;
+        END IF;
+    END LOOP;
+    IF v_need > 0 THEN
+        RAISE WARNING 'pgfifo batch %: % more jobs ended than it has', p_batch, v_need;
+    END IF;
+    RETURN v_emptied;
+END
+$$;
+
 -- Counts the terminal outcomes among p_outcomes ('succeeded', 'failed',
 -- 'cancelled'; others are ignored) of the jobs p_ids that belong to a
--- batch, once per batch, and fires the events they decide. Called by the
--- functions that write outcomes, in their transaction, with the jobs'
--- rows held. Each job must be counted once per terminal outcome it
--- reaches: callers pass a job only when it leaves 'queued' (or running)
--- for good.
+-- batch, and fires the events they decide. Called by the functions that
+-- write outcomes, in their transaction, with the jobs' rows held. Callers
+-- pass a job only when it reaches a terminal outcome (from queued or
+-- running), so each job counts once per time it ends.
 CREATE OR REPLACE FUNCTION pgfifo.batch_outcomes(p_ids bigint[], p_outcomes text[]) RETURNS void
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_row record;
-    v_due boolean;
-    v_now timestamptz := clock_timestamp();
+    v_row     record;
+    v_batches bigint[] := '{}';
+    v_emptied integer[] := '{}';
+    v_failed  boolean[] := '{}';
+    v_i       integer;
+    v_due     boolean;
 BEGIN
+    -- The shards' rows, batch by batch in id order.
+    -- (Each job's batch by its primary key first: grouped and ordered over
+    -- the join, the plan would read the batch's every job in batch_id
+    -- order, since sorts are off in complete.)
     FOR v_row IN
-        SELECT m.batch_id,
-               count(*) FILTER (WHERE t.outcome = 'succeeded') AS s,
-               count(*) FILTER (WHERE t.outcome = 'failed') AS f,
-               count(*) FILTER (WHERE t.outcome = 'cancelled') AS c
-        FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
-        JOIN pgfifo.batch_job AS m ON m.job_id = t.id
-        WHERE t.outcome IN ('succeeded', 'failed', 'cancelled')
-        GROUP BY m.batch_id
-        ORDER BY m.batch_id
+        WITH member AS MATERIALIZED (
+            SELECT m.batch_id, t.outcome
+            FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
+            CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
+                                WHERE x.job_id = t.id) AS m
+            WHERE t.outcome IN ('succeeded', 'failed', 'cancelled'))
+        SELECT member.batch_id,
+               count(*) FILTER (WHERE member.outcome = 'succeeded')::integer AS s,
+               count(*) FILTER (WHERE member.outcome = 'failed')::integer AS f,
+               count(*) FILTER (WHERE member.outcome = 'cancelled')::integer AS c
+        FROM member
+        GROUP BY 1
+        ORDER BY 1
     LOOP
-        -- Whether an event may fire: checked on the updated row, so most
-        -- calls (a batch not done, no new failure) end here.
-        UPDATE pgfifo.batch AS b
-        SET succeeded = b.succeeded + v_row.s,
-            failed = b.failed + v_row.f,
-            cancelled = b.cancelled + v_row.c,
-            first_failed_at = CASE WHEN v_row.f > 0 THEN coalesce(b.first_failed_at, v_now)
-                                   ELSE b.first_failed_at END
-        WHERE b.id = v_row.batch_id
-        RETURNING v_row.f > 0
-                  OR (b.closed_at IS NOT NULL AND b.succeeded + b.failed + b.cancelled = b.total)
-        INTO v_due;
+        v_batches := v_batches || v_row.batch_id;
+        v_emptied := v_emptied
+                     || pgfifo.batch_take(v_row.batch_id, v_row.s + v_row.f + v_row.c, v_row.s, v_row.f, v_row.c);
+        v_failed := v_failed || (v_row.f > 0);
+    END LOOP;
+    -- The batches' rows, in id order: only when a shard ran out of jobs, or
+    -- at the batch's first failure (most calls end above).
+    FOR v_i IN 1 .. cardinality(v_batches) LOOP
+        v_due := false;
+        IF v_emptied[v_i] > 0 THEN
+            UPDATE pgfifo.batch AS b
+            SET shards_done = b.shards_done + v_emptied[v_i],
+                first_failed_at = CASE WHEN v_failed[v_i] THEN coalesce(b.first_failed_at, clock_timestamp())
+                                       ELSE b.first_failed_at END
+            WHERE b.id = v_batches[v_i]
+            RETURNING b.closed_at IS NOT NULL AND b.shards_done = b.shards INTO v_due;
+            v_due := v_due OR v_failed[v_i];
+        ELSIF v_failed[v_i] THEN
+            -- (Read first without a lock: after the first failure, the
+            -- later ones need not lock the batch.)
+            IF EXISTS (SELECT 1 FROM pgfifo.batch AS b
+                       WHERE b.id = v_batches[v_i] AND b.first_failed_at IS NULL) THEN
+                UPDATE pgfifo.batch AS b SET first_failed_at = clock_timestamp()
+                WHERE b.id = v_batches[v_i] AND b.first_failed_at IS NULL;
+                v_due := FOUND;
+            END IF;
+        END IF;
         IF v_due THEN
-            PERFORM pgfifo.batch_settle(v_row.batch_id);
+            PERFORM pgfifo.batch_settle(v_batches[v_i]);
         END IF;
     END LOOP;
 END
 $$;
 
 -- Failed jobs p_ids that an operator put back in their queues (retry_jobs)
--- no longer count as failed in their batches: they count again when they
--- end. Callbacks that fired stay fired; a 'success' that has not fired may
--- still fire when the retried jobs succeed.
+-- no longer count as failed in their batches: they are remaining again,
+-- and count when they end. Callbacks that fired stay fired; 'success',
+-- if it has not fired, may still fire when the retried jobs succeed.
 CREATE OR REPLACE FUNCTION pgfifo.batch_retried(p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -136,11 +299,14 @@ DECLARE
     v_row record;
 BEGIN
     FOR v_row IN
-        SELECT m.batch_id, count(*) AS n FROM pgfifo.batch_job AS m
-        WHERE m.job_id = ANY (p_ids)
-        GROUP BY m.batch_id ORDER BY m.batch_id
+        WITH member AS MATERIALIZED (
+            SELECT m.batch_id FROM unnest(p_ids) AS t(id)
+            CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
+                                WHERE x.job_id = t.id) AS m)
+        SELECT member.batch_id, count(*)::integer AS n FROM member
+        GROUP BY 1 ORDER BY 1
     LOOP
-        UPDATE pgfifo.batch SET failed = failed - v_row.n WHERE id = v_row.batch_id;
+        PERFORM pgfifo.batch_count_jobs(v_row.batch_id, v_row.n, v_row.n);
     END LOOP;
 END
 $$;
@@ -209,30 +375,24 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END IF;
-    -- The jobs first, the batch's row last (see the lock order above).
+    -- The jobs first, the batch's rows last (see the lock order above).
     job_ids := pgfifo.enqueue(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
                               NULL, p_run_at_us, p_delay_us);
     IF p_batch IS NULL THEN
         v_close := NOT coalesce(p_keep_open, false);
-        INSERT INTO pgfifo.batch (description, total, closed_at)
-        VALUES (p_description, v_n, CASE WHEN v_close THEN now() END)
+        INSERT INTO pgfifo.batch (description, closed_at)
+        VALUES (p_description, CASE WHEN v_close THEN now() END)
         RETURNING id INTO batch_id;
         INSERT INTO pgfifo.batch_callback
             (batch_id, event, queue, group_id, kind, payload, priority, max_attempts)
         SELECT batch_id, t.event, t.queue, t.grp, t.kind, t.payload, t.priority, t.max_attempts
         FROM unnest(p_cb_event, p_cb_queue, p_cb_group, p_cb_kind, p_cb_payload, p_cb_priority,
                     p_cb_max_attempts) AS t(event, queue, grp, kind, payload, priority, max_attempts);
+        PERFORM pgfifo.batch_count_jobs(batch_id, cardinality(job_ids), 0);
     ELSE
-        UPDATE pgfifo.batch AS b SET total = b.total + v_n
-        WHERE b.id = p_batch AND b.closed_at IS NULL
-        RETURNING b.id INTO batch_id;
-        IF NOT FOUND THEN
-            SELECT b.closed_at INTO v_closed FROM pgfifo.batch AS b WHERE b.id = p_batch;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'pgfifo batch: no batch has id %', p_batch
-                    USING ERRCODE = 'no_data_found', CONSTRAINT = 'pgfifo_batch_missing',
-                          DETAIL = p_batch::text;
-            END IF;
+        batch_id := p_batch;
+        v_closed := pgfifo.batch_count_jobs(p_batch, cardinality(job_ids), 0);
+        IF v_closed IS NOT NULL THEN
             RAISE EXCEPTION 'pgfifo batch: batch % is closed (since %): no job can be added', p_batch, v_closed
                 USING ERRCODE = 'object_not_in_prerequisite_state', CONSTRAINT = 'pgfifo_batch_closed',
                       DETAIL = p_batch::text;
