@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use diesel::sql_types::{Double, Nullable};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use pgfifo::{async_trait, Batch, BatchId, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
+use pgfifo::{
+    async_trait, Batch, BatchId, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob,
+};
 use serde::{Deserialize, Serialize};
 
 /// The batch's complete callback: does nothing (it is timed from the

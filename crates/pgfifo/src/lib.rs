@@ -70,6 +70,7 @@ pub mod runner;
 pub mod schedule;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod time;
 
 pub use async_trait::async_trait;
 pub use batch::{Batch, BatchEvent, EnqueuedBatch};

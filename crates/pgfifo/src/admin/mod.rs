@@ -48,11 +48,10 @@ mod queue_limits;
 mod runners;
 mod schedules;
 mod status;
-mod time;
 
-pub use batches::{
-    batch, batches, BatchCallback, BatchMember, BatchProgress, BatchState, BatchSummary,
-};
+pub use crate::batch::{BatchCallback, BatchMember, BatchProgress, BatchState, BatchSummary};
+pub use crate::time::{human, rfc3339};
+pub use batches::{batch, batches};
 pub use controls::{
     change_group_limits, limits, limits_of, reset_default_group_limits, reset_group_limits,
     set_default_group_limits, set_group_limits, SetLimits,
@@ -77,4 +76,3 @@ pub use status::{
     gauges, queue_status, queues, status, BlockedGroups, Count, GroupBacklog, QueueGauges,
     QueueStatus, COUNT_CAP, RUNNER_ALIVE,
 };
-pub use time::{human, rfc3339};

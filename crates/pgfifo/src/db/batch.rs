@@ -6,8 +6,8 @@ use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, SmallInt,
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::enqueue::EnqueueArrays;
-use super::pooler::pinned;
+use crate::db::enqueue::EnqueueArrays;
+use crate::db::pooler::pinned;
 
 /// A batch's callbacks, one array element per callback: its event and the
 /// arguments of `pgfifo.enqueue` for its job.
