@@ -22,8 +22,9 @@
 -- enqueued once; a transaction that rolls back (a crash, a lost
 -- connection) takes its counts and its callbacks with it.
 --
--- Lock order: shard rows (in batch, shard order), then batch rows (in id
--- order), in every function here: complete, cancel_job, skip_head,
+-- Lock order: shard rows (a completion's first choice without waiting;
+-- any wait in (batch, shard) order), then batch rows (in id order), in
+-- every function here: complete, cancel_job, skip_head,
 -- retry_jobs, adding jobs and closing. A completion takes them after its
 -- jobs' rows and before it moves its groups' heads (advance_head takes a
 -- group's exclusive advisory lock, without waiting): a callback's enqueue,
