@@ -11,6 +11,8 @@ mod smoke;
 
 // Enqueue side.
 mod bad_input;
+mod batches;
+mod batches_sql;
 mod dedup_windows;
 mod dedup_windows_races;
 mod dedup_windows_sql;

@@ -22,6 +22,10 @@
 //! records; must be ≤ the limit), `queue_ideal_jobs_per_s` (the limit over
 //! the mean handler time) and `queue_ratio` (the drain's rate over it;
 //! target with `WORK_MS=5`: ≥ 0.9).
+//!
+//! `BATCH=1` enqueues the jobs as one batch with a complete callback (see
+//! `batch_mode`); the report adds `callback_ms`, how long after the last
+//! job's outcome the callback started.
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,7 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         ));
     }
     let queue_concurrency = inputs.number("QUEUE_CONCURRENCY", 0)?;
+    let in_batch = inputs.number("BATCH", 0)? == 1;
     let server = inputs.database_url();
     common::set_work_ms(work_ms);
 
@@ -58,7 +63,7 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let pooler_url = inputs.string("POOLER_URL", "");
     progress!("enqueueing {jobs} jobs over {groups} groups");
     let wal_start = wal_lsn(&pool).await?;
-    let enqueue_secs = enqueue_round_robin(&pool, jobs, groups).await?;
+    let (enqueue_secs, batch) = enqueue_round_robin(&pool, jobs, groups, in_batch).await?;
     let wal_enqueued = wal_lsn(&pool).await?;
     let enqueue_rate = jobs as f64 / enqueue_secs;
     progress!("enqueued in {enqueue_secs:.3}s ({enqueue_rate:.0} jobs/s); draining with {workers} workers");
@@ -114,6 +119,13 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     }
     wait_all_committed(&pool, jobs).await?;
     let wal_drained = wal_lsn(&pool).await?;
+    let callback_ms = match batch {
+        Some(id) => {
+            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            Some(crate::batch_mode::callback_latency_ms(&mut conn, id).await?)
+        }
+        None => None,
+    };
     runner.shutdown().await.map_err(|e| e.to_string())?;
     let records = common::take_records();
     let first = records.iter().map(|r| r.start_ns).min().unwrap_or(0);
@@ -168,6 +180,8 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         "through_pooler": !pooler_url.is_empty(),
         "wal_bytes_per_job_enqueue": ((wal_enqueued - wal_start) as f64 / jobs as f64).round(),
         "wal_bytes_per_job_drain": ((wal_drained - wal_enqueued) as f64 / jobs as f64).round(),
+        "batch": in_batch,
+        "callback_ms": callback_ms.map(|ms| (ms * 10.0).round() / 10.0),
         "queue_concurrency": queue_concurrency,
         "max_running": max_running,
         "queue_ideal_jobs_per_s": (queue_concurrency > 0).then(|| queue_ideal.round()),
@@ -223,16 +237,19 @@ fn peak_rss_mb() -> Option<f64> {
     Some((kb / 1024.0 * 10.0).round() / 10.0)
 }
 
-/// Enqueues job k as group `k % groups`, seq `k / groups`, in batches; returns
-/// the seconds it took.
+/// Enqueues job k as group `k % groups`, seq `k / groups`, in batches (as
+/// one pgfifo batch if `in_batch`); returns the seconds it took and the
+/// pgfifo batch's id.
 pub async fn enqueue_round_robin(
     pool: &pgfifo::Pool,
     jobs: u64,
     groups: u64,
-) -> Result<f64, String> {
+    in_batch: bool,
+) -> Result<(f64, Option<pgfifo::BatchId>), String> {
     let names: Vec<String> = (0..groups).map(|g| format!("g{g}")).collect();
     let mut conn = pool.get().await.map_err(|e| e.to_string())?;
     let started = Instant::now();
+    let mut pgfifo_batch = None;
     let mut k = 0;
     while k < jobs {
         let end = (k + BATCH).min(jobs);
@@ -247,12 +264,17 @@ pub async fn enqueue_round_robin(
             })
             .collect::<pgfifo::Result<Vec<_>>>()
             .map_err(|e| e.to_string())?;
-        pgfifo::enqueue_batch(&mut conn, batch)
-            .await
-            .map_err(|e| e.to_string())?;
+        if in_batch {
+            crate::batch_mode::enqueue_chunk(&mut conn, &mut pgfifo_batch, batch).await?;
+        } else {
+            pgfifo::enqueue_batch(&mut conn, batch)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         k = end;
     }
-    Ok(started.elapsed().as_secs_f64())
+    crate::batch_mode::close(&mut conn, pgfifo_batch).await?;
+    Ok((started.elapsed().as_secs_f64(), pgfifo_batch))
 }
 
 async fn wait_all_committed(pool: &pgfifo::Pool, jobs: u64) -> Result<(), String> {

@@ -14,6 +14,7 @@
 //! appends to its name, so that runs side by side do not share one.
 
 mod backlog;
+mod batch_mode;
 mod common;
 mod dashboard;
 mod fifo_groups;

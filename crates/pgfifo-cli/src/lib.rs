@@ -190,6 +190,13 @@ enum Command {
         #[arg(value_enum)]
         policy: Option<PolicyArg>,
     },
+    /// Batches, newest first: state, counts per outcome, description
+    Batches(commands::batches::ListArgs),
+    /// Show one batch: its counts, jobs and callbacks
+    Batch {
+        #[command(subcommand)]
+        action: commands::batches::BatchAction,
+    },
     /// Recurring jobs: name, expression, zone, next and last tick, last job
     ///
     /// A schedule is `stale` when no live runner declares it as stored: it
@@ -369,7 +376,7 @@ async fn run(cli: Cli) -> CliResult {
     };
     let mut conn = commands::connect(&url, cli.transaction_pooler).await?;
     let conn = &mut *conn;
-    use commands::{inspect, limits, migrate, ops, queue_limits, schedules, status};
+    use commands::{batches, inspect, limits, migrate, ops, queue_limits, schedules, status};
     match command {
         Command::Dashboard(_) => unreachable!("served above"),
         Command::JobTypes => unreachable!("listed above"),
@@ -431,6 +438,10 @@ async fn run(cli: Cli) -> CliResult {
         Command::Policy { queue, policy } => match policy {
             Some(policy) => ops::set_policy(conn, out, &queue, policy.into()).await,
             None => status::show_policy(conn, out, &queue).await,
+        },
+        Command::Batches(args) => batches::list(conn, out, &args).await,
+        Command::Batch { action } => match action {
+            batches::BatchAction::Show { id } => batches::show(conn, out, id).await,
         },
         Command::Schedules => schedules::list(conn, out).await,
         Command::Schedule { action } => match action {

@@ -70,6 +70,17 @@ impl<'a> JobContext<'a> {
         self.conn
     }
 
+    /// The batch this job belongs to, or whose callback it is, with its
+    /// counts, jobs and callbacks (`None`: neither). Read through the job's
+    /// connection: in a callback, the counts include the outcome that fired
+    /// it. See [`batch`](crate::batch).
+    pub async fn batch(&mut self) -> crate::Result<Option<crate::batch::BatchSummary>> {
+        let Some(id) = crate::batch::of_job(self.conn, self.id).await? else {
+            return Ok(None);
+        };
+        crate::batch::summary(self.conn, id).await
+    }
+
     /// Stores a JSON result with the job when it succeeds (kept in the job's
     /// `result` column for inspection).
     pub fn set_result<T: Serialize>(&mut self, value: &T) -> Result<(), JobError> {

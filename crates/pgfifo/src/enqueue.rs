@@ -231,7 +231,7 @@ impl NewJob {
     /// Appends the job's columns to `arrays` (the arguments of
     /// `pgfifo.enqueue`); returns its de-duplication window, if any, with
     /// the window's period in microseconds.
-    fn push_into(self, arrays: &mut EnqueueArrays) -> Option<(Window, i64)> {
+    pub(crate) fn push_into(self, arrays: &mut EnqueueArrays) -> Option<(Window, i64)> {
         arrays.queue.push(self.queue);
         arrays.group.push(self.group);
         arrays.kind.push(self.kind);
@@ -242,6 +242,31 @@ impl NewJob {
         arrays.run_at_us.push(self.run_at_us);
         arrays.delay_us.push(self.delay_us);
         self.window
+    }
+
+    /// Checks that the job can be a batch's: a batch's jobs are its own, so
+    /// a unique key or a de-duplication window (which may return another
+    /// job's id) is refused; a callback (`callback`) starts when its event
+    /// fires, so a start time is refused too.
+    pub(crate) fn check_for_batch(&self, callback: bool) -> Result<()> {
+        let what = if callback {
+            "a batch callback"
+        } else {
+            "a job of a batch"
+        };
+        if self.unique_key.is_some() || self.window.is_some() {
+            return Err(Error::InvalidOption(format!(
+                "{what} ({}) cannot have a unique key or a de-duplication window",
+                self.kind
+            )));
+        }
+        if callback && (self.run_at_us.is_some() || self.delay_us.is_some()) {
+            return Err(Error::InvalidOption(format!(
+                "{what} ({}) starts when its event fires: run_at and run_in are not supported",
+                self.kind
+            )));
+        }
+        Ok(())
     }
 
     /// The queue the job goes to.

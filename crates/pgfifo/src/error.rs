@@ -155,6 +155,13 @@ pub enum Error {
     /// An argument of an operator command is out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// No batch has this id (see [`batch`](crate::batch)).
+    #[error("no batch has id {0}")]
+    BatchNotFound(crate::BatchId),
+    /// The batch is closed: no job can be added to it (see
+    /// [`batch::add`](crate::batch::add)).
+    #[error("batch {0} is closed: no job can be added")]
+    BatchClosed(crate::BatchId),
 }
 
 impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for Error {
@@ -171,6 +178,13 @@ impl From<diesel::result::Error> for Error {
         match refusal(&err) {
             Some(Refusal::ReadCommitted) => {
                 Error::IsolationLevel(detail(&err).unwrap_or("another isolation level").to_owned())
+            }
+            Some(refusal @ (Refusal::BatchMissing | Refusal::BatchClosed)) => {
+                match detail(&err).and_then(|d| d.parse().ok()) {
+                    Some(id) if refusal == Refusal::BatchMissing => Error::BatchNotFound(id),
+                    Some(id) => Error::BatchClosed(id),
+                    None => Error::Database(err),
+                }
             }
             _ => Error::Database(err),
         }

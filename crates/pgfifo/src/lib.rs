@@ -48,6 +48,7 @@
 extern crate self as pgfifo;
 
 pub mod admin;
+pub mod batch;
 mod context;
 mod controls;
 #[cfg(feature = "dashboard")]
@@ -69,8 +70,10 @@ pub mod runner;
 pub mod schedule;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod time;
 
 pub use async_trait::async_trait;
+pub use batch::{Batch, BatchEvent, EnqueuedBatch};
 pub use context::JobContext;
 pub use controls::{
     GroupLimits, GroupLimitsChange, LimitChange, Rate, MAX_GROUP_CONCURRENCY, MAX_RATE_COUNT,
@@ -100,6 +103,9 @@ pub use pgfifo_macros::Job;
 
 /// The id of a stored job.
 pub type JobId = i64;
+
+/// The id of a [`Batch`] of jobs.
+pub type BatchId = i64;
 
 /// Items the derive macro's output refers to. Not public API.
 #[doc(hidden)]

@@ -127,6 +127,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0011_queue_limits/up.sql"),
         down: include_str!("../migrations/0011_queue_limits/down.sql"),
     },
+    Migration {
+        version: 12,
+        name: "batches",
+        release: "0.3.0",
+        up: include_str!("../migrations/0012_batches/up.sql"),
+        down: include_str!("../migrations/0012_batches/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.
@@ -152,6 +159,7 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "12_add_job.sql",
     "15_controls.sql",
     "16_queue_limits.sql",
+    "17_batches.sql",
     "20_promote.sql",
     "30_advance_head.sql",
     "40_pick.sql",

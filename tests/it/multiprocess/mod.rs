@@ -14,6 +14,7 @@
 //!
 //! The same drain runs through PgBouncer in `pooler.rs`.
 
+mod batches;
 mod concurrency;
 pub(crate) mod harness;
 mod queue_limits;

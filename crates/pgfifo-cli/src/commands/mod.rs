@@ -1,6 +1,7 @@
 //! One module per family of commands. Each command takes the connection and
 //! the [`Output`](crate::output::Output), calls the library, and prints.
 
+pub mod batches;
 pub mod dashboard;
 pub mod inspect;
 pub mod job_types;

@@ -8,11 +8,11 @@ use serde::Serialize;
 
 use super::controls::{rate_of, ser_opt_rate};
 use super::queue_usage::{self, QueueWait};
-use super::time::{age_from_micros, from_micros, ser_opt_secs, ser_opt_time};
 use crate::db;
 use crate::db::admin::inspect::{GroupFilter, GroupRow};
 use crate::db::pooler::pinned;
 use crate::names::{validate_group, validate_queue};
+use crate::time::{age_from_micros, from_micros, ser_opt_secs, ser_opt_time};
 use crate::{Error, JobId, Rate, Result};
 
 /// Where a group stands.

@@ -6,11 +6,11 @@ use std::time::SystemTime;
 use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
-use super::time::{from_micros, ser_opt_time, ser_time};
 use crate::db;
 use crate::db::admin::inspect::{JobFilter, JobRow};
 use crate::db::pooler::pinned;
 use crate::names::{validate_group, validate_queue};
+use crate::time::{from_micros, ser_opt_time, ser_time};
 use crate::{Error, JobId, Result};
 
 /// A job's stored state, and what a queued one is doing.

@@ -22,6 +22,7 @@
 //! | a whole queue's limits, and what they hold back now | [`set_queue_limits`], [`change_queue_limits`], [`queue_limits`], [`queue_usage`] |
 //! | rate limits per group, and a queue's defaults | [`set_group_limits`], [`set_default_group_limits`], [`reset_group_limits`], [`limits`] |
 //! | delete old finished jobs, idle groups, ended windows | [`purge`], [`clean_groups`], [`clean_windows`] |
+//! | batches' progress, one batch's jobs and callbacks | [`batches`], [`batch`] |
 //! | recurring jobs: list, recent ticks, pause, resume, delete | [`schedules`], [`schedule_ticks`], [`pause_schedule`], [`resume_schedule`], [`delete_schedule`] |
 //!
 //! ```no_run
@@ -39,6 +40,7 @@
 //! # }
 //! ```
 
+mod batches;
 mod controls;
 mod groups;
 mod jobs;
@@ -48,8 +50,10 @@ mod queue_usage;
 mod runners;
 mod schedules;
 mod status;
-mod time;
 
+pub use crate::batch::{BatchCallback, BatchMember, BatchProgress, BatchState, BatchSummary};
+pub use crate::time::{human, rfc3339};
+pub use batches::{batch, batches};
 pub use controls::{
     change_group_limits, limits, limits_of, reset_default_group_limits, reset_group_limits,
     set_default_group_limits, set_group_limits, SetLimits,
@@ -75,4 +79,3 @@ pub use status::{
     gauges, queue_status, queues, status, BlockedGroups, Count, GroupBacklog, QueueGauges,
     QueueStatus, COUNT_CAP, RUNNER_ALIVE,
 };
-pub use time::{human, rfc3339};

@@ -10,11 +10,11 @@ use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use super::queue_limits::queue_limits_of_row;
-use super::time::{from_micros, ser_opt_time};
 use crate::db;
 use crate::db::admin::queue_limits::QueueUsageRow;
 use crate::db::pooler::pinned;
 use crate::names::validate_queue;
+use crate::time::{from_micros, ser_opt_time};
 use crate::{QueueLimits, Rate, Result};
 
 /// A queue's limits and what they hold back now (see [`queue_usage`]).

@@ -6,9 +6,9 @@ use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use super::status::RUNNER_ALIVE;
-use super::time::{age_from_micros, from_micros, ser_time};
 use crate::db;
 use crate::db::pooler::pinned;
+use crate::time::{age_from_micros, from_micros, ser_time};
 use crate::Result;
 
 /// A runner whose heartbeat is recent (see [`RUNNER_ALIVE`]).

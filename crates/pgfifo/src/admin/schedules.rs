@@ -7,11 +7,11 @@ use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use super::status::RUNNER_ALIVE;
-use super::time::{from_micros, ser_opt_time, ser_time};
 use crate::db;
 use crate::db::pooler::pinned;
 use crate::db::schedule::ScheduleRow;
 use crate::schedule::{next_tick, parse};
+use crate::time::{from_micros, ser_opt_time, ser_time};
 use crate::{Error, JobId, Result};
 
 /// A stored schedule (see [`schedules`]).

@@ -14,11 +14,11 @@ use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use super::ops::FailurePolicy;
-use super::time::{age_from_micros, ser_opt_secs};
 use crate::db;
 use crate::db::admin::status::BlockedRow;
 use crate::db::pooler::pinned;
 use crate::names::validate_queue;
+use crate::time::{age_from_micros, ser_opt_secs};
 use crate::Result;
 
 /// Counting stops here: a larger figure is an estimate.

@@ -22,14 +22,22 @@ pub(crate) enum Refusal {
     /// `pgfifo_unique_key_busy` (55P03): a unique key kept changing hands
     /// while an enqueue looked for its holder.
     UniqueKeyBusy,
+    /// `pgfifo_batch_missing` (P0002): no batch has the id in the error's
+    /// detail.
+    BatchMissing,
+    /// `pgfifo_batch_closed` (55000): the batch in the error's detail is
+    /// closed.
+    BatchClosed,
 }
 
 impl Refusal {
-    const ALL: [(Refusal, &'static str); 4] = [
+    const ALL: [(Refusal, &'static str); 6] = [
         (Refusal::ReadCommitted, "pgfifo_read_committed"),
         (Refusal::JobTransaction, "pgfifo_job_transaction"),
         (Refusal::GroupBusy, "pgfifo_group_busy"),
         (Refusal::UniqueKeyBusy, "pgfifo_unique_key_busy"),
+        (Refusal::BatchMissing, "pgfifo_batch_missing"),
+        (Refusal::BatchClosed, "pgfifo_batch_closed"),
     ];
 }
 

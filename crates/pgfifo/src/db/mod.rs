@@ -10,6 +10,7 @@
 //! from runtime text. [`error`] tells database errors apart.
 
 pub(crate) mod admin;
+pub(crate) mod batch;
 pub(crate) mod enqueue;
 pub(crate) mod enqueue_window;
 pub(crate) mod error;

@@ -189,6 +189,14 @@ BEGIN
             END IF;
         END IF;
     END IF;
+    -- Batches (migration 0012): the terminal outcomes count, and the events
+    -- they decide enqueue their callbacks, with the batches' rows locked
+    -- until this transaction commits. Before the heads move: advance_head
+    -- takes advisory locks that a callback's enqueue would wait for (see
+    -- 17_batches.sql).
+    IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+        PERFORM pgfifo.batch_outcomes(p_ids, p_outcomes);
+    END IF;
     -- The common case: the group has a next job, which becomes the head (a
     -- HOT update when it is ready at once). Not for retries (the job stays
     -- the head) nor for failures that hold their group. For several jobs, in

@@ -71,6 +71,11 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
                       WHERE j.id = t.id AND (j.id = ANY (v_retried) OR j.state = 'failed'));
 
+    -- Retried jobs no longer count as failed in their batches.
+    IF cardinality(v_retried) > 0 AND to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+        PERFORM pgfifo.batch_retried(v_retried);
+    END IF;
+
     FOR v_group IN
         SELECT DISTINCT j.queue, j.group_id FROM pgfifo.job AS j
         WHERE j.id = ANY (v_retried) AND j.group_id IS NOT NULL

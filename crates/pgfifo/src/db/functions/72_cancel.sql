@@ -48,6 +48,9 @@ BEGIN
     UPDATE pgfifo.job
     SET state = 'cancelled', finished_at = now(), last_error = coalesce(p_reason, last_error)
     WHERE id = p_id;
+    IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+        PERFORM pgfifo.batch_outcomes(ARRAY[p_id], ARRAY['cancelled']);
+    END IF;
     IF v_held AND v_head = p_id THEN
         PERFORM pgfifo.advance_head(v_job.queue, v_job.group_id, p_id);
         PERFORM pg_notify('pgfifo', v_job.queue);

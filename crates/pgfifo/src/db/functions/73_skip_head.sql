@@ -15,6 +15,7 @@ DECLARE
     v_head    bigint;
     v_ready   timestamptz;
     v_skipped integer;
+    v_queued  boolean;
 BEGIN
     PERFORM pgfifo.require_read_committed('skip-head');
     IF pgfifo.lock_group(p_queue, p_group) THEN
@@ -31,12 +32,18 @@ BEGIN
     IF v_head IS NULL THEN
         RETURN NULL;
     END IF;
+    -- A head held after failing for good counts as failed in its batch
+    -- already.
+    v_queued := EXISTS (SELECT 1 FROM pgfifo.job AS j WHERE j.id = v_head AND j.state = 'queued');
     UPDATE pgfifo.job
     SET state = 'failed',
         finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END,
         last_error = coalesce(p_reason, last_error)
     WHERE id = v_head AND (state = 'queued' OR (state = 'failed' AND v_ready IS NULL));
     GET DIAGNOSTICS v_skipped = ROW_COUNT;
+    IF v_skipped > 0 AND v_queued AND to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+        PERFORM pgfifo.batch_outcomes(ARRAY[v_head], ARRAY['failed']);
+    END IF;
     PERFORM pgfifo.advance_head(p_queue, p_group, v_head);
     PERFORM pg_notify('pgfifo', p_queue);
     -- A head left pointing at a job that finished (see advance_head) was

@@ -1,0 +1,433 @@
+-- Batches: jobs counted together, and callbacks enqueued when their
+-- outcomes decide an event. See migrations/0012_batches and docs/batches.md.
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made. The functions that
+-- write outcomes (complete, cancel_job, skip_head, retry_jobs) call these
+-- only while pgfifo.batch_job exists: after `migrate down` below 12 they
+-- work as before.
+--
+-- Counting. A batch's counts are kept in up to 64 shards
+-- (pgfifo.batch_shard): its jobs without a terminal outcome are spread
+-- over them as numbers, and a transaction that ends k of them takes k off
+-- one shard that no other transaction holds (see batch_take), so runners
+-- ending a batch's jobs at the same moment update different rows. The
+-- transaction that brings a shard to 0 (exactly one: the row serializes
+-- them) then locks the batch's row and counts the shard as done; the one
+-- that makes every shard done, with the batch closed, decides 'complete'
+-- (and 'success'), under that lock. The first failure decides 'failure'
+-- under the batch's row lock too (first_failed_at set once). The events'
+-- callbacks are enqueued there, and their job ids recorded, so each one is
+-- enqueued once; a transaction that rolls back (a crash, a lost
+-- connection) takes its counts and its callbacks with it.
+--
+-- Lock order: shard rows (a completion's first choice without waiting;
+-- any wait in (batch, shard) order), then batch rows (in id order), in
+-- every function here: complete, cancel_job, skip_head,
+-- retry_jobs, adding jobs and closing. A completion takes them after its
+-- jobs' rows and before it moves its groups' heads (advance_head takes a
+-- group's exclusive advisory lock, without waiting): a callback's enqueue,
+-- which waits for that advisory lock shared, never waits for a transaction
+-- that waits for a batch's row. Adding jobs enqueues them first and locks
+-- the batch's rows last, for the same reason.
+
+-- Fires the events that p_batch's counts decide and that have not fired:
+-- enqueues their callbacks (through pgfifo.enqueue, which wakes runners
+-- when the transaction commits) and records the callbacks' job ids. The
+-- caller holds the batch's row locked. Events:
+--   failure:  some job failed for good;
+--   complete: the batch is closed and every job has a terminal outcome
+--             (sets completed_at, once);
+--   success:  the batch is closed and every job succeeded.
+-- Several at once are enqueued in the order failure, success, complete.
+CREATE OR REPLACE FUNCTION pgfifo.batch_settle(p_batch bigint) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_b      record;
+    v_cb     record;
+    v_events text[] := '{}';
+    v_id     bigint;
+    v_done   boolean;
+    v_ok     bigint;
+BEGIN
+    SELECT b.closed_at, b.completed_at, b.first_failed_at, b.total, b.shards, b.shards_done
+    INTO v_b FROM pgfifo.batch AS b WHERE b.id = p_batch;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_b.first_failed_at IS NOT NULL THEN
+        v_events := v_events || 'failure'::text;
+    END IF;
+    v_done := v_b.closed_at IS NOT NULL AND v_b.shards_done = v_b.shards;
+    IF v_done THEN
+        v_events := v_events || 'complete'::text;
+        IF v_b.completed_at IS NULL THEN
+            UPDATE pgfifo.batch SET completed_at = clock_timestamp() WHERE id = p_batch;
+        END IF;
+        -- Every shard is done, each by a transaction that committed before
+        -- this one locked the batch, or by this one: the sum is exact.
+        SELECT coalesce(sum(s.succeeded), 0) INTO v_ok
+        FROM pgfifo.batch_shard AS s WHERE s.batch_id = p_batch;
+        IF v_ok = v_b.total THEN
+            v_events := v_events || 'success'::text;
+        END IF;
+    END IF;
+    IF cardinality(v_events) = 0 THEN
+        RETURN;
+    END IF;
+    FOR v_cb IN
+        SELECT c.event, c.queue, c.group_id, c.kind, c.payload, c.priority, c.max_attempts
+        FROM pgfifo.batch_callback AS c
+        WHERE c.batch_id = p_batch AND c.event = ANY (v_events) AND c.job_id IS NULL
+        ORDER BY array_position(ARRAY['failure', 'success', 'complete'], c.event)
+    LOOP
+        v_id := (pgfifo.enqueue(ARRAY[v_cb.queue], ARRAY[v_cb.group_id], ARRAY[v_cb.kind],
+                                ARRAY[v_cb.payload], ARRAY[v_cb.priority], ARRAY[v_cb.max_attempts],
+                                NULL, ARRAY[NULL::bigint], ARRAY[NULL::bigint]))[1];
+        UPDATE pgfifo.batch_callback SET job_id = v_id
+        WHERE batch_id = p_batch AND event = v_cb.event;
+    END LOOP;
+END
+$$;
+
+-- p_n jobs join batch p_batch's counts as remaining (new jobs, or failed
+-- jobs an operator retried: p_failed of them leave 'failed'), spread over
+-- its 64 shards (shard i takes the i-th share). Locks the shard rows in
+-- shard order, then the batch's row; returns the batch's closed_at (NULL:
+-- open), or raises pgfifo_batch_missing. The caller checks that the batch
+-- may take them.
+CREATE OR REPLACE FUNCTION pgfifo.batch_count_jobs(p_batch bigint, p_n integer, p_failed integer)
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_before  integer;
+    v_share   integer;
+    v_new     integer := 0;
+    v_reopen  integer := 0;
+    v_closed  timestamptz;
+BEGIN
+    -- (Read without a lock: the lock comes after the shards'.)
+    IF NOT EXISTS (SELECT 1 FROM pgfifo.batch AS b WHERE b.id = p_batch) THEN
+        RAISE EXCEPTION 'pgfifo batch: no batch has id %', p_batch
+            USING ERRCODE = 'no_data_found', CONSTRAINT = 'pgfifo_batch_missing',
+                  DETAIL = p_batch::text;
+    END IF;
+    FOR v_shard IN 0 .. least(p_n, 64) - 1 LOOP
+        v_share := p_n / 64 + CASE WHEN v_shard < p_n % 64 THEN 1 ELSE 0 END;
+        SELECT s.remaining INTO v_before FROM pgfifo.batch_shard AS s
+        WHERE s.batch_id = p_batch AND s.shard = v_shard
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO pgfifo.batch_shard (batch_id, shard, remaining)
+            VALUES (p_batch, v_shard, v_share);
+            v_new := v_new + 1;
+        ELSE
+            UPDATE pgfifo.batch_shard SET remaining = remaining + v_share
+            WHERE batch_id = p_batch AND shard = v_shard;
+            IF v_before = 0 THEN
+                v_reopen := v_reopen + 1;
+            END IF;
+        END IF;
+        -- Retried jobs leave 'failed' (on any shard: only sums mean
+        -- something).
+        IF v_shard = 0 AND p_failed > 0 THEN
+            UPDATE pgfifo.batch_shard SET failed = failed - p_failed
+            WHERE batch_id = p_batch AND shard = 0;
+        END IF;
+    END LOOP;
+    UPDATE pgfifo.batch AS b
+    SET total = b.total + p_n - p_failed,
+        shards = b.shards + v_new,
+        shards_done = b.shards_done - v_reopen
+    WHERE b.id = p_batch
+    RETURNING b.closed_at INTO v_closed;
+    RETURN v_closed;
+END
+$$;
+
+-- Takes p_n jobs (p_s succeeded, p_f failed, p_c cancelled) off batch
+-- p_batch's remaining ones; returns how many shards it emptied. A job may
+-- be taken off any shard (a shard holds a number of jobs, not which ones),
+-- so a completion takes them from a shard with enough left that no other
+-- transaction holds, without waiting: runners ending jobs of one
+-- batch at the same moment update different rows. Only when none is free
+-- (the batch's last jobs) does it wait for shards, in shard order, taking
+-- what each has left.
+CREATE OR REPLACE FUNCTION pgfifo.batch_take(p_batch bigint, p_n integer, p_s integer, p_f integer, p_c integer)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_shard   smallint;
+    v_left    integer;
+    v_need    integer := p_n;
+    v_take    integer;
+    v_emptied integer := 0;
+    v_counted boolean := false;
+    v_start   integer := pg_backend_pid() % 64;
+    v_from    integer;
+    v_to      integer;
+BEGIN
+    -- Each session starts at a shard of its own (by its backend's pid), so
+    -- that runners' lanes mostly keep to different rows; then from 0.
+    FOR v_from, v_to IN VALUES (v_start, 63), (0, v_start - 1) LOOP
+        UPDATE pgfifo.batch_shard AS s
+        SET remaining = s.remaining - p_n, succeeded = s.succeeded + p_s,
+            failed = s.failed + p_f, cancelled = s.cancelled + p_c
+        WHERE s.batch_id = p_batch
+          AND s.shard = (SELECT x.shard FROM pgfifo.batch_shard AS x
+                         WHERE x.batch_id = p_batch AND x.shard BETWEEN v_from AND v_to
+                           AND x.remaining >= p_n
+                         ORDER BY x.batch_id, x.shard
+                         LIMIT 1
+                         FOR UPDATE SKIP LOCKED)
+        RETURNING s.remaining INTO v_left;
+        IF FOUND THEN
+            RETURN CASE WHEN v_left = 0 THEN 1 ELSE 0 END;
+        END IF;
+    END LOOP;
+    FOR v_shard IN
+        SELECT s.shard FROM pgfifo.batch_shard AS s WHERE s.batch_id = p_batch
+        ORDER BY s.batch_id, s.shard
+    LOOP
+        EXIT WHEN v_need = 0;
+        SELECT s.remaining INTO v_left FROM pgfifo.batch_shard AS s
+        WHERE s.batch_id = p_batch AND s.shard = v_shard
+        FOR UPDATE;
+        v_take := least(v_left, v_need);
+        CONTINUE WHEN v_take = 0 AND v_counted;
+        UPDATE pgfifo.batch_shard AS s
+        SET remaining = s.remaining - v_take,
+            succeeded = s.succeeded + CASE WHEN v_counted THEN 0 ELSE p_s END,
+            failed = s.failed + CASE WHEN v_counted THEN 0 ELSE p_f END,
+            cancelled = s.cancelled + CASE WHEN v_counted THEN 0 ELSE p_c END
+        WHERE s.batch_id = p_batch AND s.shard = v_shard;
+        v_counted := true;
+        v_need := v_need - v_take;
+        IF v_take > 0 AND v_left = v_take THEN
+            v_emptied := v_emptied + 1;
+        END IF;
+    END LOOP;
+    IF v_need > 0 THEN
+        RAISE WARNING 'pgfifo batch %: % more jobs ended than it has', p_batch, v_need;
+    END IF;
+    RETURN v_emptied;
+END
+$$;
+
+-- Counts the terminal outcomes among p_outcomes ('succeeded', 'failed',
+-- 'cancelled'; others are ignored) of the jobs p_ids that belong to a
+-- batch, and fires the events they decide. Called by the functions that
+-- write outcomes, in their transaction, with the jobs' rows held. Callers
+-- pass a job only when it reaches a terminal outcome (from queued or
+-- running), so each job counts once per time it ends.
+CREATE OR REPLACE FUNCTION pgfifo.batch_outcomes(p_ids bigint[], p_outcomes text[]) RETURNS void
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_row     record;
+    v_batches bigint[] := '{}';
+    v_emptied integer[] := '{}';
+    v_failed  boolean[] := '{}';
+    v_i       integer;
+    v_due     boolean;
+BEGIN
+    -- The shards' rows, batch by batch in id order.
+    -- (Each job's batch by its primary key first: grouped and ordered over
+    -- the join, the plan would read the batch's every job in batch_id
+    -- order, since sorts are off in complete.)
+    FOR v_row IN
+        WITH member AS MATERIALIZED (
+            SELECT m.batch_id, t.outcome
+            FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
+            CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
+                                WHERE x.job_id = t.id) AS m
+            WHERE t.outcome IN ('succeeded', 'failed', 'cancelled'))
+        SELECT member.batch_id,
+               count(*) FILTER (WHERE member.outcome = 'succeeded')::integer AS s,
+               count(*) FILTER (WHERE member.outcome = 'failed')::integer AS f,
+               count(*) FILTER (WHERE member.outcome = 'cancelled')::integer AS c
+        FROM member
+        GROUP BY 1
+        ORDER BY 1
+    LOOP
+        v_batches := v_batches || v_row.batch_id;
+        v_emptied := v_emptied
+                     || pgfifo.batch_take(v_row.batch_id, v_row.s + v_row.f + v_row.c, v_row.s, v_row.f, v_row.c);
+        v_failed := v_failed || (v_row.f > 0);
+    END LOOP;
+    -- The batches' rows, in id order: only when a shard ran out of jobs, or
+    -- at the batch's first failure (most calls end above).
+    FOR v_i IN 1 .. cardinality(v_batches) LOOP
+        v_due := false;
+        IF v_emptied[v_i] > 0 THEN
+            UPDATE pgfifo.batch AS b
+            SET shards_done = b.shards_done + v_emptied[v_i],
+                first_failed_at = CASE WHEN v_failed[v_i] THEN coalesce(b.first_failed_at, clock_timestamp())
+                                       ELSE b.first_failed_at END
+            WHERE b.id = v_batches[v_i]
+            RETURNING b.closed_at IS NOT NULL AND b.shards_done = b.shards INTO v_due;
+            v_due := v_due OR v_failed[v_i];
+        ELSIF v_failed[v_i] THEN
+            -- (Read first without a lock: after the first failure, the
+            -- later ones need not lock the batch.)
+            IF EXISTS (SELECT 1 FROM pgfifo.batch AS b
+                       WHERE b.id = v_batches[v_i] AND b.first_failed_at IS NULL) THEN
+                UPDATE pgfifo.batch AS b SET first_failed_at = clock_timestamp()
+                WHERE b.id = v_batches[v_i] AND b.first_failed_at IS NULL;
+                v_due := FOUND;
+            END IF;
+        END IF;
+        IF v_due THEN
+            PERFORM pgfifo.batch_settle(v_batches[v_i]);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Failed jobs p_ids that an operator put back in their queues (retry_jobs)
+-- no longer count as failed in their batches: they are remaining again,
+-- and count when they end. Callbacks that fired stay fired; 'success',
+-- if it has not fired, may still fire when the retried jobs succeed.
+CREATE OR REPLACE FUNCTION pgfifo.batch_retried(p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_row record;
+BEGIN
+    FOR v_row IN
+        WITH member AS MATERIALIZED (
+            SELECT m.batch_id FROM unnest(p_ids) AS t(id)
+            CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
+                                WHERE x.job_id = t.id) AS m)
+        SELECT member.batch_id, count(*)::integer AS n FROM member
+        GROUP BY 1 ORDER BY 1
+    LOOP
+        PERFORM pgfifo.batch_count_jobs(v_row.batch_id, v_row.n, v_row.n);
+    END LOOP;
+END
+$$;
+
+-- Enqueues jobs into a batch, in one call: into a new batch when p_batch is
+-- NULL (with its description and callbacks: p_cb_* hold one callback per
+-- element, the arguments of pgfifo.enqueue for one job, and p_cb_event its
+-- event), into the open batch p_batch otherwise. The jobs are given as
+-- pgfifo.enqueue takes them, without unique keys (a batch's jobs are its
+-- own). A new batch is closed at once unless p_keep_open; a batch closed
+-- with every job already ended (or with none) completes now. Returns the
+-- batch's id and the jobs' ids in input order. Raises, writing nothing, for
+-- a missing batch (pgfifo_batch_missing), a closed one
+-- (pgfifo_batch_closed), an unknown or repeated event, callbacks given for
+-- an existing batch, or arrays of different lengths.
+CREATE OR REPLACE FUNCTION pgfifo.batch_enqueue(
+    p_batch           bigint,
+    p_description     text,
+    p_keep_open       boolean,
+    p_cb_event        text[],
+    p_cb_queue        text[],
+    p_cb_group        text[],
+    p_cb_kind         text[],
+    p_cb_payload      jsonb[],
+    p_cb_priority     smallint[],
+    p_cb_max_attempts integer[],
+    p_queue           text[],
+    p_group           text[],
+    p_kind            text[],
+    p_payload         jsonb[],
+    p_priority        smallint[],
+    p_max_attempts    integer[],
+    p_run_at_us       bigint[],
+    p_delay_us        bigint[],
+    OUT batch_id      bigint,
+    OUT job_ids       bigint[]
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n       integer := coalesce(cardinality(p_queue), 0);
+    v_cbs     integer := coalesce(cardinality(p_cb_event), 0);
+    v_closed  timestamptz;
+    v_close   boolean;
+BEGIN
+    PERFORM pgfifo.require_read_committed('batch');
+    IF v_n <> coalesce(cardinality(p_group), 0) OR v_n <> coalesce(cardinality(p_kind), 0)
+       OR v_n <> coalesce(cardinality(p_payload), 0) OR v_n <> coalesce(cardinality(p_priority), 0)
+       OR v_n <> coalesce(cardinality(p_max_attempts), 0)
+       OR v_n <> coalesce(cardinality(p_run_at_us), 0) OR v_n <> coalesce(cardinality(p_delay_us), 0)
+       OR v_cbs <> coalesce(cardinality(p_cb_queue), 0) OR v_cbs <> coalesce(cardinality(p_cb_group), 0)
+       OR v_cbs <> coalesce(cardinality(p_cb_kind), 0) OR v_cbs <> coalesce(cardinality(p_cb_payload), 0)
+       OR v_cbs <> coalesce(cardinality(p_cb_priority), 0)
+       OR v_cbs <> coalesce(cardinality(p_cb_max_attempts), 0) THEN
+        RAISE EXCEPTION 'pgfifo batch: the arrays of jobs and of callbacks must each have one length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v_cbs > 0 THEN
+        IF p_batch IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfifo batch: callbacks are given when a batch is created, not to batch %', p_batch
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF NOT p_cb_event <@ ARRAY['success', 'complete', 'failure']
+           OR (SELECT count(DISTINCT e) FROM unnest(p_cb_event) AS e) <> v_cbs THEN
+            RAISE EXCEPTION 'pgfifo batch: callback events must be success, complete or failure, each at most once (got %)', p_cb_event
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    -- The jobs first, the batch's rows last (see the lock order above).
+    job_ids := pgfifo.enqueue(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                              NULL, p_run_at_us, p_delay_us);
+    IF p_batch IS NULL THEN
+        v_close := NOT coalesce(p_keep_open, false);
+        INSERT INTO pgfifo.batch (description, closed_at)
+        VALUES (p_description, CASE WHEN v_close THEN now() END)
+        RETURNING id INTO batch_id;
+        INSERT INTO pgfifo.batch_callback
+            (batch_id, event, queue, group_id, kind, payload, priority, max_attempts)
+        SELECT batch_id, t.event, t.queue, t.grp, t.kind, t.payload, t.priority, t.max_attempts
+        FROM unnest(p_cb_event, p_cb_queue, p_cb_group, p_cb_kind, p_cb_payload, p_cb_priority,
+                    p_cb_max_attempts) AS t(event, queue, grp, kind, payload, priority, max_attempts);
+        PERFORM pgfifo.batch_count_jobs(batch_id, cardinality(job_ids), 0);
+    ELSE
+        batch_id := p_batch;
+        v_closed := pgfifo.batch_count_jobs(p_batch, cardinality(job_ids), 0);
+        IF v_closed IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfifo batch: batch % is closed (since %): no job can be added', p_batch, v_closed
+                USING ERRCODE = 'object_not_in_prerequisite_state', CONSTRAINT = 'pgfifo_batch_closed',
+                      DETAIL = p_batch::text;
+        END IF;
+        v_close := false;
+    END IF;
+    INSERT INTO pgfifo.batch_job (job_id, batch_id)
+    SELECT j, batch_id FROM unnest(job_ids) AS j;
+    IF v_close THEN
+        -- No job can have ended yet: only an empty batch completes here.
+        PERFORM pgfifo.batch_settle(batch_id);
+    END IF;
+END
+$$;
+
+-- Closes the open batch p_batch: no job can be added any more, and it
+-- completes when every job has ended (at once if they all have). Returns
+-- false when it was closed already (nothing changes). Raises
+-- pgfifo_batch_missing for an unknown id.
+CREATE OR REPLACE FUNCTION pgfifo.batch_close(p_batch bigint) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM pgfifo.require_read_committed('batch close');
+    UPDATE pgfifo.batch SET closed_at = now() WHERE id = p_batch AND closed_at IS NULL;
+    IF FOUND THEN
+        PERFORM pgfifo.batch_settle(p_batch);
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgfifo.batch AS b WHERE b.id = p_batch) THEN
+        RAISE EXCEPTION 'pgfifo batch: no batch has id %', p_batch
+            USING ERRCODE = 'no_data_found', CONSTRAINT = 'pgfifo_batch_missing',
+                  DETAIL = p_batch::text;
+    END IF;
+    RETURN false;
+END
+$$;
