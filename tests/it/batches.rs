@@ -359,3 +359,35 @@ async fn an_operators_retry_and_cancel_correct_the_counts_and_fire_nothing_twice
     runner.shutdown().await.unwrap();
     assert_eq!(events(&db), ["failure", "complete"], "nothing fired twice");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_held_after_failing_counts_as_failed_once_even_when_skipped() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_failure_policy(&mut conn, "batches", admin::FailurePolicy::Hold)
+        .await
+        .unwrap();
+    let in_group =
+        |o: &str| NewJob::new(&work(&db.name, o), EnqueueOptions::group("held")).unwrap();
+    let batch = with_all_callbacks(&db)
+        .enqueue(&mut conn, [in_group("fail"), in_group("ok")])
+        .await
+        .unwrap();
+    let runner = db.start_runner(test_config()).await;
+    // The failed head holds its group: the batch has a failure, not its end.
+    wait_reports(&db, 1).await;
+    assert_eq!(events(&db), ["failure"]);
+    let s = batch::summary(&mut conn, batch.id).await.unwrap().unwrap();
+    assert_eq!((s.progress.failed, s.progress.pending), (1, 1));
+    // Skipping the held head counts nothing twice; the group goes on.
+    let skipped = admin::skip_head(&mut conn, "batches", "held", None)
+        .await
+        .unwrap();
+    assert_eq!(skipped, Some(batch.job_ids[0]));
+    wait_reports(&db, 2).await;
+    runner.shutdown().await.unwrap();
+    assert_eq!(events(&db), ["failure", "complete"]);
+    let s = batch::summary(&mut conn, batch.id).await.unwrap().unwrap();
+    let p = &s.progress;
+    assert_eq!((p.total, p.succeeded, p.failed, p.pending), (2, 1, 1, 0));
+}
