@@ -86,6 +86,7 @@ mod testing_helpers;
 
 // The web dashboard.
 mod dashboard;
+mod dashboard_batches;
 mod dashboard_browser;
 mod dashboard_security;
 mod dashboard_support;

@@ -48,7 +48,7 @@ pub(crate) fn layout(base: &str, title: &str, body: Markup) -> Markup {
             body {
                 header {
                     a.brand href={ (base) "/" } { "pgfifo" }
-                    nav { a href={ (base) "/" } { "Overview" } }
+                    nav { a href={ (base) "/" } { "Overview" } " " a href={ (base) "/batches" } { "Batches" } }
                     label { input #auto-refresh type="checkbox"; " auto-refresh" }
                 }
                 main { (body) }

@@ -93,6 +93,8 @@ pub fn router_with(pool: Pool, config: DashboardConfig) -> Router {
         .route("/queues/{queue}/failed", get(pages::failed::page))
         .route("/queues/{queue}/groups/{group}", get(pages::group::page))
         .route("/jobs/{id}", get(pages::job::page))
+        .route("/batches", get(pages::batches::list))
+        .route("/batches/{id}", get(pages::batches::page))
         .route("/assets/dashboard.css", get(html::stylesheet))
         .route("/assets/dashboard.js", get(html::script))
         .route("/actions/{action}", post(actions::act))

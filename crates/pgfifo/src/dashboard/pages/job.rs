@@ -1,5 +1,5 @@
 //! `GET /jobs/{id}`: one job: its payload, attempts with their errors and
-//! times, its result, and the actions that fit its state.
+//! times, its result, its batch, and the actions that fit its state.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use axum::extract::{Path, State};
 use maud::{html, Markup};
 
+use super::batches::batch_href;
 use super::{conn, Ctx};
 use crate::admin::{self, JobStatus};
 use crate::dashboard::fail::Fail;
@@ -30,6 +31,7 @@ pub(crate) async fn page(
     let Some(job) = admin::job(&mut conn, id).await? else {
         return Err(Fail::not_found(format!("no job with id {id}")));
     };
+    let batch = crate::batch::of_job(&mut conn, id).await?;
     drop(conn);
     let s = &job.summary;
     let form = ctx.actions();
@@ -60,6 +62,7 @@ pub(crate) async fn page(
             dt { "runs after" } dd { (at(s.run_after)) }
             dt { "finished" } dd { @if let Some(t) = s.finished_at { (at(t)) " (" (took(s.created_at, Some(t))) " after enqueue)" } @else { "–" } }
             dt { "group head" } dd { @if job.is_head { "yes: the next job of its group" } @else { "no" } }
+            @if let Some(b) = batch { dt { "batch" } dd { a href=(batch_href(&ctx.base, b)) { "batch " (b) } } }
         }
         h2 { "Payload" }
         pre #payload { (pretty(&job.payload)) }

@@ -1,6 +1,7 @@
 //! The dashboard's pages, one module each, and what they share: where the
 //! dashboard is mounted, the browser's CSRF token, a connection.
 
+pub(crate) mod batches;
 pub(crate) mod failed;
 pub(crate) mod group;
 pub(crate) mod groups;
