@@ -266,6 +266,11 @@ async fn a_queue_at_its_rate_starts_when_its_tokens_come_not_at_the_poll() {
                 .poll_interval(Duration::from_secs(60)),
         )
         .await;
+    // The runner's tasks run (its first heartbeat is written), so the
+    // jobs come while it is idle: the enqueue's notification is what
+    // starts the queue, and its next tokens keep it going.
+    db.wait_for("SELECT count(*) FROM pgfifo.runner", 1, LIMIT)
+        .await;
     let groups = ["a", "b", "c", "d", "e", "f", "g", "h"];
     let ids = enqueue(&db, &groups, 5, 0).await;
     // 40 jobs: 2 at once, then 38 at 20/s take about 1.9 s.

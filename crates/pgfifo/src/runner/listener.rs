@@ -39,6 +39,9 @@ pub(crate) struct Listener {
     pub poll_interval: Duration,
     pub board: Arc<Board>,
     pub timer: Timer,
+    /// Told of every notification it handled: the queue-token watch
+    /// (`queue_tokens.rs`) looks again when work may have come.
+    pub look: Arc<tokio::sync::Notify>,
     /// How long the server gets to answer each round trip.
     pub round_trip: Duration,
     /// Where the listener says that its server did not answer in time: its
@@ -244,11 +247,15 @@ async fn listen_on(
             Interrupt::Stop => return Ok(()),
             Interrupt::Notified { work, groups: true } => {
                 let round = promote_and_wake(listener, conn, work);
-                bounded_noting(deadline, round, noting(&host)).await?
+                bounded_noting(deadline, round, noting(&host)).await?;
+                listener.look.notify_one();
             }
             // Work without a group to promote (an enqueuer made its group
             // active, an ungrouped job, an operator's release): a lane.
-            Interrupt::Notified { groups: false, .. } => listener.board.wake(1),
+            Interrupt::Notified { groups: false, .. } => {
+                listener.board.wake(1);
+                listener.look.notify_one();
+            }
             // The poll: also proves the connection is alive.
             Interrupt::Tick => {
                 let round = promote_and_wake(listener, conn, false);

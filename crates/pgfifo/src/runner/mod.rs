@@ -214,6 +214,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         (config.round_trip_timeout, hung),
     ));
 
+    let look = Arc::new(tokio::sync::Notify::new());
     tracker.spawn(listener::run(
         Listener {
             pool: pool.clone(),
@@ -222,6 +223,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
             poll_interval: config.poll_interval,
             board: board.clone(),
             timer: timer.clone(),
+            look: look.clone(),
             round_trip: config.round_trip_timeout,
             hung: board.hung.clone(),
         },
@@ -239,6 +241,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         poll_interval: config.poll_interval,
         round_trip: config.round_trip_timeout,
         timer: timer.clone(),
+        look,
     };
     tracker.spawn(tokens.run(stop.clone()));
     let heartbeat = Heartbeat {

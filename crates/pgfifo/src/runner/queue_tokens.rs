@@ -15,27 +15,35 @@
 //! lane, whose picks take the tokens there are (a pick that took a job
 //! picks again at once). It looks again after those tokens' time, so each
 //! runner looks about `2 × rate / burst` times a second per queue at its
-//! rate (one statement each; with a burst of 1, once per token), and once
-//! a poll interval when no rate-limited queue has work ready. Several
+//! rate (one statement each; with a burst of 1, once per token). Several
 //! runners each wake a lane: the first to pick takes the tokens, and the
 //! others find nothing, which costs them one pick.
 //!
-//! Tokens that come while the queue has no ready work are not taken by
-//! anyone, as the bucket's burst allows; a queue whose work becomes ready
-//! again is noticed by the enqueue's notification as before, or at this
-//! task's next look.
+//! While no queue it serves has a rate, the task looks once a poll
+//! interval (a queue given a rate is found then). While a rate-limited
+//! queue has no ready work, it also looks when the listener has handled a
+//! notification (new work, a changed limit), at most once per
+//! [`AFTER_NOTE`]: the enqueue's notification wakes lanes that take the
+//! bucket's tokens, and the task keeps the queue going from there.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::maintenance::{pooled, Complaints};
 use super::timer::Timer;
-use crate::db::queue_rate::{ready_rate_limited, QueueBucket};
+use crate::db::queue_rate::{rate_limited, QueueBucket};
 use crate::db::Pool;
 
 /// The shortest time between two looks, whatever the rate.
 const MIN_LOOK: Duration = Duration::from_millis(1);
+
+/// How long after a notification the task looks (the listener has promoted
+/// the new work's groups by then), and so the least time between two looks
+/// that notifications cause.
+const AFTER_NOTE: Duration = Duration::from_millis(10);
 
 /// What the watch reads and whom it wakes.
 pub(crate) struct QueueTokens {
@@ -47,6 +55,8 @@ pub(crate) struct QueueTokens {
     /// How long the server gets to answer a look.
     pub round_trip: Duration,
     pub timer: Timer,
+    /// Notified by the listener when it handled a notification.
+    pub look: Arc<Notify>,
 }
 
 impl QueueTokens {
@@ -56,7 +66,7 @@ impl QueueTokens {
         loop {
             let look = async {
                 let mut conn = pooled(&self.pool, self.round_trip).await?;
-                Ok(ready_rate_limited(&mut conn, &self.queues).await?)
+                Ok(rate_limited(&mut conn, &self.queues).await?)
             };
             let looked = tokio::time::timeout(self.round_trip * 2, look)
                 .await
@@ -65,9 +75,12 @@ impl QueueTokens {
                         self.round_trip * 2,
                     )))
                 });
+            let buckets = complaints.report(looked).unwrap_or_default();
+            // Notifications matter while some queue has a rate.
+            let listen = !buckets.is_empty();
             let mut next = self.poll_interval;
-            for bucket in complaints.report(looked).unwrap_or_default() {
-                let (wake_in, look_in) = plan(&bucket);
+            for bucket in buckets.iter().filter(|b| b.ready) {
+                let (wake_in, look_in) = plan(bucket);
                 tracing::trace!(queue = %bucket.queue, tokens = bucket.tokens, ?wake_in,
                                 "pgfifo: a rate-limited queue has work ready");
                 self.timer.add(wake_in);
@@ -75,6 +88,12 @@ impl QueueTokens {
             }
             tokio::select! {
                 () = tokio::time::sleep(next.max(MIN_LOOK)) => {}
+                () = self.look.notified(), if listen => {
+                    tokio::select! {
+                        () = tokio::time::sleep(AFTER_NOTE) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
                 () = stop.cancelled() => return,
             }
         }
@@ -102,6 +121,7 @@ mod tests {
     fn bucket(tokens: f64, per_second: f64, burst: i32) -> QueueBucket {
         QueueBucket {
             queue: "q".into(),
+            ready: true,
             tokens,
             per_second,
             burst,
