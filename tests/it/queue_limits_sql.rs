@@ -4,7 +4,8 @@
 //! frees it; a lane that cannot start a job at once takes none of the
 //! queue's; a limited queue that gave nothing does not keep its slot while
 //! other queues' jobs run; a pick under a slot takes its lane's whole batch
-//! of heads; bad values written through SQL are refused.
+//! of heads; after a lowered concurrency nothing starts while a slot above
+//! it is held; bad values written through SQL are refused.
 
 use diesel::sql_types::{Array, Integer, Text};
 use diesel::QueryableByName;
@@ -225,6 +226,54 @@ async fn a_pick_under_a_queue_slot_takes_its_whole_batch_of_heads() {
     // Without a queue limit, a limit of one stays one head (the other
     // lanes take the rest side by side), and no slot is held.
     assert_eq!(pick_batch(&mut direct, "free", 4).await, (1, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_lowered_concurrency_nothing_starts_while_a_slot_above_it_is_held() {
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    admin::set_queue_limits(&mut conn, "qsql", QueueLimits::new().concurrency(3))
+        .await
+        .unwrap();
+    enqueue(&db, "qsql", &["a", "b", "c", "d", "e"]).await;
+    // Three lanes hold slots 0, 1 and 2, one job each.
+    let mut lanes = Vec::new();
+    for _ in 0..3 {
+        let mut lane = db.direct().await;
+        assert_eq!(pick(&mut lane, &["qsql"], 1, true).await.len(), 1);
+        lanes.push(lane);
+    }
+    admin::change_queue_limits(
+        &mut conn,
+        "qsql",
+        &["concurrency"],
+        QueueLimits::new().concurrency(1),
+    )
+    .await
+    .unwrap();
+    let mut next = db.direct().await;
+    // The job in slot 0 ends: slot 0 is free, but two jobs still run above
+    // the new limit of 1; then the one in slot 1 ends.
+    for lane in lanes.iter_mut().take(2) {
+        lane.batch_execute("COMMIT").await.unwrap();
+        let took = pick(&mut next, &["qsql"], 1, true).await;
+        assert!(
+            took.is_empty(),
+            "a start while a slot above 1 is held: {took:?}"
+        );
+        next.batch_execute("COMMIT").await.unwrap();
+    }
+    // The last job above the limit ends: the queue starts one again, and the
+    // slots above its limit are gone.
+    lanes[2].batch_execute("COMMIT").await.unwrap();
+    let took = pick(&mut next, &["qsql"], 1, true).await;
+    assert_eq!(took.len(), 1, "{took:?}");
+    next.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfifo.queue_slot WHERE queue = 'qsql' AND slot >= 1")
+            .await,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

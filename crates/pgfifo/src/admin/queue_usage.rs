@@ -29,8 +29,9 @@ pub struct QueueUsage {
     /// runner that died is counted until the server ends its session. Can
     /// exceed the concurrency for a while after it was lowered.
     pub running: Option<u32>,
-    /// With a concurrency: no slot a pick may take is free. No job of the
-    /// queue starts until one is.
+    /// With a concurrency: no slot a pick may take is free, or (after the
+    /// concurrency was lowered) a job still holds a slot above it. No job
+    /// of the queue starts until that changes.
     pub at_limit: bool,
     /// With a rate: the tokens in its bucket now; a start takes one.
     pub tokens: Option<f64>,
@@ -137,8 +138,13 @@ pub(super) async fn read(conn: &mut AsyncPgConnection, queue: &str) -> Result<Op
 
 fn usage_of_row(row: QueueUsageRow) -> QueueUsage {
     let limits = queue_limits_of_row(row.limits);
+    // Every slot a pick may take is held, or (after the concurrency was
+    // lowered) a slot above the limit still is: the pick starts nothing
+    // then (see `pgfifo.pick`).
     let at_limit = match (limits.concurrency, row.slots_held_below_limit) {
-        (Some(limit), Some(held)) => held >= 0 && held as u32 >= limit,
+        (Some(limit), Some(held)) => {
+            (held >= 0 && held as u32 >= limit) || row.slots_held.is_some_and(|all| all > held)
+        }
         _ => false,
     };
     // A token is due later than now only when the bucket is empty.

@@ -253,6 +253,22 @@ BEGIN
                               AND pgfifo.queue_bucket_due(v_q, v_now, v_ql.rate_count, v_ql.rate_period_ms,
                                                           v_ql.burst) > v_now;
                 IF v_ql.concurrency IS NOT NULL THEN
+                    -- Slots at or above a lowered concurrency (rows the
+                    -- change left, see change_queue_control): the free
+                    -- ones go; while a job that started before the change
+                    -- holds one, the queue starts nothing, so that it never
+                    -- runs more than the new limit once started again.
+                    IF EXISTS (SELECT 1 FROM pgfifo.queue_slot AS s
+                               WHERE s.queue = v_q AND s.slot >= v_ql.concurrency) THEN
+                        DELETE FROM pgfifo.queue_slot AS s
+                        WHERE s.queue = v_q AND s.slot >= v_ql.concurrency
+                          AND s.slot IN (SELECT x.slot FROM pgfifo.queue_slot AS x
+                                         WHERE x.queue = v_q AND x.slot >= v_ql.concurrency
+                                         FOR UPDATE SKIP LOCKED)
+                          AND pg_try_advisory_xact_lock(1885824625, pgfifo.queue_slot_key(v_q, s.slot));
+                        CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.queue_slot AS s
+                                              WHERE s.queue = v_q AND s.slot >= v_ql.concurrency);
+                    END IF;
                     -- A free slot row whose advisory lock no long run's
                     -- session holds (a slot row skipped for that stays
                     -- locked until T ends: its long run holds it anyway).
