@@ -4,6 +4,7 @@
 -- pgfifo.batch_job exists. The jobs themselves stay, as ordinary jobs.
 DROP FUNCTION IF EXISTS pgfifo.batch_enqueue(bigint, text, boolean, text[], text[], text[], text[], jsonb[], smallint[], integer[], text[], text[], text[], jsonb[], smallint[], integer[], bigint[], bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_close(bigint);
+DROP FUNCTION IF EXISTS pgfifo.clean_batches(integer);
 DROP FUNCTION IF EXISTS pgfifo.batch_outcomes(bigint[], text[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_retried(bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_settle(bigint);

@@ -6,6 +6,7 @@ use diesel_async::AsyncPgConnection;
 
 use crate::batch::{progress, BatchProgress, BatchSummary};
 use crate::db;
+use crate::db::pooler::pinned;
 use crate::{BatchId, Error, Result};
 
 /// The newest batches first: at most `limit` (1 to 1,000), with ids below
@@ -30,4 +31,18 @@ pub async fn batches(
 /// this id (the same as [`crate::batch::summary`]).
 pub async fn batch(conn: &mut AsyncPgConnection, id: BatchId) -> Result<Option<BatchSummary>> {
     crate::batch::summary(conn, id).await
+}
+
+/// Deletes up to `limit` batches that retention has emptied: completed, with
+/// none of their jobs and none of their callbacks' jobs left (a failed job
+/// kept for an operator keeps its batch). Their counts, members and
+/// callbacks go with them. Returns how many. Runners with retention call it
+/// on every pass (docs/batches.md, "Retention").
+pub async fn clean_batches(conn: &mut AsyncPgConnection, limit: i32) -> Result<u64> {
+    pinned(conn, async |conn| {
+        Ok(db::admin::ops::clean_batches(conn, limit)
+            .await?
+            .unsigned_abs())
+    })
+    .await
 }

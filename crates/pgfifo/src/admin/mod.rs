@@ -22,7 +22,7 @@
 //! | a whole queue's limits, and what they hold back now | [`set_queue_limits`], [`change_queue_limits`], [`queue_limits`], [`queue_usage`] |
 //! | rate limits per group, and a queue's defaults | [`set_group_limits`], [`set_default_group_limits`], [`reset_group_limits`], [`limits`] |
 //! | delete old finished jobs, idle groups, ended windows | [`purge`], [`clean_groups`], [`clean_windows`] |
-//! | batches' progress, one batch's jobs and callbacks | [`batches`], [`batch`] |
+//! | batches' progress, one batch's jobs and callbacks; delete emptied ones | [`batches`], [`batch`], [`clean_batches`] |
 //! | recurring jobs: list, recent ticks, pause, resume, delete | [`schedules`], [`schedule_ticks`], [`pause_schedule`], [`resume_schedule`], [`delete_schedule`] |
 //!
 //! ```no_run
@@ -53,7 +53,7 @@ mod status;
 
 pub use crate::batch::{BatchCallback, BatchMember, BatchProgress, BatchState, BatchSummary};
 pub use crate::time::{human, rfc3339};
-pub use batches::{batch, batches};
+pub use batches::{batch, batches, clean_batches};
 pub use controls::{
     change_group_limits, limits, limits_of, reset_default_group_limits, reset_group_limits,
     set_default_group_limits, set_group_limits, SetLimits,

@@ -240,6 +240,19 @@ pub(crate) async fn clean_windows(
     Ok(row.n)
 }
 
+/// Deletes up to `limit` completed batches whose jobs and callback jobs
+/// retention has all purged; how many.
+pub(crate) async fn clean_batches(
+    conn: &mut AsyncPgConnection,
+    limit: i32,
+) -> diesel::QueryResult<i64> {
+    let row: CountRow = diesel::sql_query("SELECT pgfifo.clean_batches($1) AS n")
+        .bind::<Integer, _>(limit)
+        .get_result(conn)
+        .await?;
+    Ok(row.n)
+}
+
 /// Deletes up to `limit` rows each of the slots, buckets and snooze marks
 /// of groups that no longer have a group row; returns how many.
 pub(crate) async fn clean_group_controls(

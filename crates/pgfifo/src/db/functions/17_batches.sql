@@ -431,3 +431,38 @@ BEGIN
     RETURN false;
 END
 $$;
+
+-- Deletes up to p_limit batches that retention has emptied: completed, and
+-- neither any of their jobs nor any job their callbacks enqueued is left
+-- (retention purged them; a failed job kept for an operator keeps its
+-- batch, whose counts its retry still corrects). Their shards, members and
+-- callbacks go with them. Returns how many. Called by retention.
+CREATE OR REPLACE FUNCTION pgfifo.clean_batches(p_limit integer) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n bigint := 0;
+BEGIN
+    IF to_regclass('pgfifo.batch') IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH victims AS (
+        SELECT b.id FROM pgfifo.batch AS b
+        WHERE b.completed_at IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM pgfifo.batch_job AS m
+                          JOIN pgfifo.job AS j ON j.id = m.job_id
+                          WHERE m.batch_id = b.id)
+          AND NOT EXISTS (SELECT 1 FROM pgfifo.batch_callback AS c
+                          JOIN pgfifo.job AS j ON j.id = c.job_id
+                          WHERE c.batch_id = b.id)
+        ORDER BY b.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED),
+    gone AS (
+        DELETE FROM pgfifo.batch AS b USING victims AS v
+        WHERE b.id = v.id
+        RETURNING 1)
+    SELECT count(*) INTO v_n FROM gone;
+    RETURN v_n;
+END
+$$;

@@ -325,6 +325,9 @@ impl Pass<'_> {
         if complete {
             complete &= self.clean_windows(conn).await?;
         }
+        if complete {
+            complete &= self.clean_batches(conn).await?;
+        }
         Ok(complete)
     }
 
@@ -392,6 +395,18 @@ impl Pass<'_> {
     async fn clean_windows(&self, conn: &mut AsyncPgConnection) -> Result<bool> {
         let limit = self.retention.batch_size;
         while self.bounded(admin::clean_windows(conn, limit)).await? >= limit as u64 {
+            if !self.pause().await {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Deletes batches whose jobs were all purged, batch by batch.
+    /// `Ok(false)`: cut short by shutdown.
+    async fn clean_batches(&self, conn: &mut AsyncPgConnection) -> Result<bool> {
+        let limit = self.retention.batch_size;
+        while self.bounded(admin::clean_batches(conn, limit)).await? >= limit as u64 {
             if !self.pause().await {
                 return Ok(false);
             }
