@@ -196,10 +196,12 @@ BEGIN
     -- 17_batches.sql). Without any batch (one probe of pgfifo.batch), the
     -- call and its look-up of each job's batch are skipped: they cost a
     -- completion about 15 µs. (A job's batch commits with the job, before
-    -- any runner can pick it.)
-    IF to_regclass('pgfifo.batch_job') IS NOT NULL
-       AND EXISTS (SELECT 1 FROM pgfifo.batch) THEN
-        PERFORM pgfifo.batch_outcomes(p_ids, p_outcomes);
+    -- any runner can pick it. Two IFs: the query must not be parsed
+    -- where migration 0012 was reverted.)
+    IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.batch) THEN
+            PERFORM pgfifo.batch_outcomes(p_ids, p_outcomes);
+        END IF;
     END IF;
     -- The common case: the group has a next job, which becomes the head (a
     -- HOT update when it is ready at once). Not for retries (the job stays
