@@ -184,7 +184,12 @@ async fn a_limited_queue_that_gives_nothing_lets_its_slot_go_before_other_queues
 /// window) with a limit of one head, as a lane asks when other lanes seek
 /// work: the heads of `queue`'s groups it took, and whether the
 /// transaction says it holds a queue slot (the column the runner reads).
-async fn pick_batch(conn: &mut AsyncPgConnection, queue: &str, batch: i32) -> (usize, bool) {
+async fn pick_batch(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    batch: i32,
+    slot_batch: Option<i32>,
+) -> (usize, bool) {
     #[derive(QueryableByName)]
     struct Marked {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -195,13 +200,17 @@ async fn pick_batch(conn: &mut AsyncPgConnection, queue: &str, batch: i32) -> (u
     conn.batch_execute("BEGIN; SET LOCAL pgfifo.job_transaction = on")
         .await
         .expect("begin");
+    // (Without a slot batch, as a runner before 0.3.0 calls it.)
     let row: Marked = diesel::sql_query(
         "SELECT count(p.id) AS n, bool_and(coalesce(current_setting('pgfifo.queue_slot', true), '') <> '') AS marked \
-         FROM (SELECT set_config('pgfifo.pick_batch', $2::text, true) AS b) AS s \
+         FROM (SELECT set_config('pgfifo.pick_batch', $2::text, true) AS b, \
+                      CASE WHEN $3::integer IS NOT NULL \
+                           THEN set_config('pgfifo.pick_slot_batch', $3::text, true) END AS sb) AS s \
          CROSS JOIN LATERAL pgfifo.pick(ARRAY[$1], 0, 0, '{}', '{}', 60000, 1) AS p",
     )
     .bind::<Text, _>(queue)
     .bind::<Integer, _>(batch)
+    .bind::<diesel::sql_types::Nullable<Integer>, _>(slot_batch)
     .get_result(conn)
     .await
     .expect("pick");
@@ -222,10 +231,18 @@ async fn a_pick_under_a_queue_slot_takes_its_whole_batch_of_heads() {
     let mut direct = db.direct().await;
     // The slot is what a limited queue is short of: the heads that fit in
     // the batch run under it one after another.
-    assert_eq!(pick_batch(&mut direct, "qsql", 4).await, (4, true));
+    assert_eq!(pick_batch(&mut direct, "qsql", 4, None).await, (4, true));
+    // Under a slot, the lane's slot batch when it gives one (longer than
+    // its batch: see "Under a queue's slot" in the runner's batching).
+    assert_eq!(pick_batch(&mut direct, "qsql", 2, Some(5)).await, (5, true));
     // Without a queue limit, a limit of one stays one head (the other
-    // lanes take the rest side by side), and no slot is held.
-    assert_eq!(pick_batch(&mut direct, "free", 4).await, (1, false));
+    // lanes take the rest side by side), and no slot is held; the slot
+    // batch changes nothing there.
+    assert_eq!(pick_batch(&mut direct, "free", 4, None).await, (1, false));
+    assert_eq!(
+        pick_batch(&mut direct, "free", 2, Some(5)).await,
+        (1, false)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,9 +88,10 @@ struct PickRow {
     tracestate: Option<String>,
 }
 
-/// The batch (`$1`) and the jobs soon free (`$2`, an array's text) go to
-/// `pick` in the transaction-local settings `pgfifo.pick_batch` and
-/// `pgfifo.pick_soon` (0.1.0's runners call the same function without
+/// The batch (`$1`), the jobs soon free (`$2`, an array's text) and the
+/// batch under a queue's slot (`$3`) go to `pick` in the transaction-local
+/// settings `pgfifo.pick_batch`, `pgfifo.pick_soon` and
+/// `pgfifo.pick_slot_batch` (0.1.0's runners call the same function without
 /// them), set in this statement: `pick`'s last argument depends on the
 /// settings' values, so the call cannot come before them.
 ///
@@ -112,10 +113,11 @@ macro_rules! pick_sql {
                     coalesce(current_setting('pgfifo.queue_slot', true), '') <> '' AS queue_slot, ",
             $trace,
             " FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch, \
-                           set_config('pgfifo.pick_soon', $2, true) AS soon) AS s \
-              CROSS JOIN LATERAL pgfifo.pick($3, $4, $5, $6, $7, $8, $9, \
-                                             CASE WHEN s.batch IS NOT NULL \
-                                                   AND s.soon IS NOT NULL THEN $10 END) AS p"
+                           set_config('pgfifo.pick_soon', $2, true) AS soon, \
+                           set_config('pgfifo.pick_slot_batch', $3::text, true) AS slot_batch) AS s \
+              CROSS JOIN LATERAL pgfifo.pick($4, $5, $6, $7, $8, $9, $10, \
+                                             CASE WHEN s.batch IS NOT NULL AND s.soon IS NOT NULL \
+                                                   AND s.slot_batch IS NOT NULL THEN $11 END) AS p"
         )
     };
 }
@@ -141,6 +143,11 @@ pub(crate) struct PickRequest<'a> {
     /// The most jobs in all, followers included (at least `limit`; the
     /// same means none).
     pub batch: i32,
+    /// The most jobs in all when the pick takes a slot of a queue with a
+    /// concurrency limit (heads of different groups and followers): the
+    /// slot is what such a queue is short of, so it carries a longer batch
+    /// (see `Batching::slot_batch`). At least `batch`.
+    pub slot_batch: i32,
     /// Jobs the caller's other lanes hold (not work left for later).
     pub held_elsewhere: &'a [i64],
     /// Those of them whose handlers are done: their groups are free again
@@ -167,6 +174,7 @@ pub(crate) async fn pick(
         (
             bind::<Integer, _>(request.batch),
             bind::<Text, _>(array_text(request.finishing_elsewhere)),
+            bind::<Integer, _>(request.slot_batch.max(request.batch)),
             bind::<Array<Text>, _>(request.queues),
             bind::<Integer, _>(request.turn),
             bind::<Integer, _>(request.sweep_from),

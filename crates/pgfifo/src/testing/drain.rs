@@ -267,6 +267,7 @@ impl Draining<'_> {
                 idle: &self.idle,
                 limit: 1,
                 batch: 1,
+                slot_batch: 1,
                 held_elsewhere: &[],
                 finishing_elsewhere: &[],
                 start_at_once: true,

@@ -99,7 +99,11 @@
 -- queue then gives nothing and queues are left to visit, the pick returns
 -- the row with a NULL id: the slot must not stay held for other queues'
 -- jobs. Groups' turns (round robin, weights) are unchanged: whichever group
--- the walk reaches first gets the queue's free slot. A slot is also
+-- the walk reaches first gets the queue's free slot. The slot is what such
+-- a queue is short of, so a pick that takes one takes up to
+-- pgfifo.pick_slot_batch jobs (the runner's batch for a slot, longer than
+-- pgfifo.pick_batch; unset, pick_batch), heads first, and walks twice as
+-- many busy groups before it gives up looking for free ones. A slot is also
 -- guarded by an advisory lock (class 1885824625, 'pgfq'), which T takes
 -- with the row: a long run claimed in T keeps it at session level after T
 -- commits (pgfifo.claim_long_run), and the pick passes over a slot whose
@@ -172,6 +176,8 @@ DECLARE
     v_limit   integer := greatest(coalesce(p_limit, 1), 1);
     -- Unset (0.1.0's runners): no followers.
     v_batch   integer := coalesce(nullif(current_setting('pgfifo.pick_batch', true), '')::integer, 0);
+    -- Unset (runners before 0.3.0): a queue's slot carries pick_batch.
+    v_slot_batch integer := coalesce(nullif(current_setting('pgfifo.pick_slot_batch', true), '')::integer, 0);
     v_follow  bigint[] := '{}';
     v_heads   integer;
     v_f       record;
@@ -289,8 +295,9 @@ BEGIN
                     -- For a long run claimed in T (pgfifo.claim_long_run).
                     PERFORM set_config('pgfifo.queue_slot', v_q || chr(31) || v_qs, true);
                     -- The slot is what the queue is short of: it carries as
-                    -- many jobs as fit in the lane's batch window (see
-                    -- "Queue limits" above).
+                    -- many jobs as fit in the lane's window for a slot (see
+                    -- "Queue limits" above), heads and followers.
+                    v_batch := greatest(v_batch, v_slot_batch);
                     v_limit := greatest(v_limit, v_batch);
                 END IF;
                 IF v_ql.rate_count IS NOT NULL THEN
@@ -366,8 +373,11 @@ BEGIN
                             -- A busy queue has more active groups than free
                             -- ones: once jobs are picked, stop looking after a
                             -- while instead of trying every group's lock.
+                            -- (Under a queue's slot, twice as long: the
+                            -- slot is what the queue is short of.)
                             v_seen := v_seen + 1;
-                            v_more := v_count > 0 AND v_seen > 2 * v_limit + 8;
+                            v_more := v_count > 0
+                                      AND v_seen > CASE WHEN v_q_slot THEN 4 ELSE 2 END * v_limit + 8;
                             EXIT queues WHEN v_more;
                             -- Held by a long run (ready_at '-infinity', see
                             -- 45_long_run.sql): busy while its holder's

@@ -17,9 +17,10 @@
 //!   clean savepoint. A handler that took it ends the batch; the jobs after
 //!   it are handed back unstarted (their attempts forgotten) and picked again
 //!   by the next pick;
-//! * no handler starts once the batch has run for [`Batching::window`]:
-//!   a group whose job finished waits at most that long (plus the handler
-//!   then running) for its commit, and so for its next job;
+//! * no handler starts once the batch has run for [`Batching::window_for`]
+//!   (the batch window; under a queue's slot, [`Batching::slot_window`]): a group whose job
+//!   finished waits at most that long (plus the handler then running) for
+//!   its commit, and so for its next job;
 //! * no handler after the first starts while another lane seeks work with
 //!   a slot free: the rest of the batch is handed back for the lanes that
 //!   stand idle, which take it side by side once this lane commits (not
@@ -206,6 +207,7 @@ pub(super) async fn run_batch<'l>(
     }
     let picked = jobs.len();
     let mut done: Vec<Done> = Vec::with_capacity(picked);
+    batching.first_handler_starts();
     let started = Instant::now();
     let mut rest = jobs.drain(..);
     while let Some((job, mut attempt)) = rest.next() {
@@ -221,7 +223,7 @@ pub(super) async fn run_batch<'l>(
         // rate its slots turn over.)
         let follows = done.iter().any(|d| d.job.same_group(&job));
         if !done.is_empty()
-            && (started.elapsed() >= batching.window()
+            && (started.elapsed() >= batching.window_for(job.under_queue_slot)
                 || lanes.stop.is_cancelled()
                 || (!follows && !job.under_queue_slot && board.others_seek(false)))
         {
@@ -316,6 +318,7 @@ pub(super) async fn run_batch<'l>(
     // to be free: see "Weights" in `pgfifo.pick`.)
     board.note_finishing(lane);
     drop(permit);
+    batching.handlers_end();
     let handed_back = split || done.len() < picked;
     let mut finished = Finished::from(write(lanes, conn, done, backend_pid, batching).await?);
     finished.again |= handed_back;

@@ -256,6 +256,7 @@ async fn pick(
         idle: &lanes.idle_bounds,
         limit,
         batch: batch.max(limit),
+        slot_batch: lane.batching.slot_batch().max(batch).max(limit),
         held_elsewhere: &locked_elsewhere,
         finishing_elsewhere: &finishing_elsewhere,
         start_at_once,
