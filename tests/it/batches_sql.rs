@@ -268,3 +268,52 @@ async fn bad_input_is_a_clear_error_that_writes_nothing() {
     }
     assert_eq!(db.scalar(WRITTEN).await, before, "nothing written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_completion_of_jobs_of_two_batches_counts_each_in_its_own() {
+    let db = TestDb::new().await;
+    let a = two_job_batch(&db).await;
+    let b = two_job_batch(&db).await;
+    let mut conn = db.conn().await;
+    let plain = pgfifo::enqueue_batch(&mut conn, [job(3, EnqueueOptions::ungrouped())])
+        .await
+        .unwrap()[0];
+    // One call ends jobs of both batches and one outside any (a runner's
+    // pick of several jobs), with every kind of terminal outcome.
+    let ids = [a.job_ids[0], b.job_ids[0], plain, b.job_ids[1]];
+    let mut direct = db.direct().await;
+    direct
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL pgfifo.job_transaction = on;
+             SELECT * FROM pgfifo.complete(ARRAY[{}, {}, {}, {}]::bigint[], ARRAY[1, 1, 1, 1],
+                 ARRAY['succeeded', 'failed', 'succeeded', 'cancelled'],
+                 ARRAY[NULL, 'boom', NULL, NULL]::text[], ARRAY[NULL, NULL, NULL, NULL]::jsonb[],
+                 ARRAY[NULL, NULL, NULL, NULL]::bigint[],
+                 ARRAY['batches_sql', 'batches_sql', 'batches_sql', 'batches_sql'],
+                 ARRAY[NULL, NULL, NULL, NULL]::text[]);
+             COMMIT;",
+            ids[0], ids[1], ids[2], ids[3]
+        ))
+        .await
+        .unwrap();
+    let counts = |s: batch::BatchSummary| {
+        let p = s.progress;
+        (
+            p.total,
+            p.succeeded,
+            p.failed,
+            p.cancelled,
+            p.completed_at.is_some(),
+        )
+    };
+    let first = batch::summary(&mut conn, a.id).await.unwrap().unwrap();
+    assert_eq!(
+        counts(first),
+        (2, 1, 0, 0, false),
+        "batch a: one of two ended"
+    );
+    let second = batch::summary(&mut conn, b.id).await.unwrap().unwrap();
+    assert_eq!(counts(second), (2, 0, 1, 1, true), "batch b: both ended");
+    // Only b completed: its callback, once.
+    assert_eq!(db.scalar(CALLBACKS).await, 1);
+}

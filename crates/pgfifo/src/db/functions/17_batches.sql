@@ -172,7 +172,27 @@ DECLARE
     v_to      integer;
 BEGIN
     -- Each session starts at a shard of its own (by its backend's pid), so
-    -- that runners' lanes mostly keep to different rows; then from 0.
+    -- that runners' lanes mostly keep to different rows. That shard first,
+    -- claimed among completions by a transaction-level advisory lock
+    -- (class 1885824626, 'pgfr'; the key may collide across batches, which
+    -- only sends a completion to the next step), tried without waiting:
+    -- the row is then updated without the row lock that SKIP LOCKED
+    -- takes first (one heap write and WAL record instead of two; about 30
+    -- µs of a completion). The update may wait for a transaction that adds
+    -- jobs to the batch (it holds shard rows), as a wait in (batch, shard)
+    -- order: never a cycle (see the lock order above).
+    IF pg_try_advisory_xact_lock(1885824626, ((p_batch % 33554432) * 64 + v_start)::integer) THEN
+        UPDATE pgfifo.batch_shard AS s
+        SET remaining = s.remaining - p_n, succeeded = s.succeeded + p_s,
+            failed = s.failed + p_f, cancelled = s.cancelled + p_c
+        WHERE s.batch_id = p_batch AND s.shard = v_start AND s.remaining >= p_n
+        RETURNING s.remaining INTO v_left;
+        IF FOUND THEN
+            RETURN CASE WHEN v_left = 0 THEN 1 ELSE 0 END;
+        END IF;
+    END IF;
+    -- Any shard with enough left that no other transaction holds: from
+    -- this session's, then from 0.
     FOR v_from, v_to IN VALUES (v_start, 63), (0, v_start - 1) LOOP
         UPDATE pgfifo.batch_shard AS s
         SET remaining = s.remaining - p_n, succeeded = s.succeeded + p_s,
@@ -230,36 +250,55 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_row     record;
+    v_bids    bigint[];
+    v_outs    text[];
+    v_s       integer;
+    v_f       integer;
+    v_c       integer;
     v_batches bigint[] := '{}';
     v_emptied integer[] := '{}';
     v_failed  boolean[] := '{}';
     v_i       integer;
     v_due     boolean;
 BEGIN
-    -- The shards' rows, batch by batch in id order.
-    -- (Each job's batch by its primary key first: grouped and ordered over
-    -- the join, the plan would read the batch's every job in batch_id
-    -- order, since sorts are off in complete.)
-    FOR v_row IN
-        WITH member AS MATERIALIZED (
-            SELECT m.batch_id, t.outcome
-            FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
-            CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
-                                WHERE x.job_id = t.id) AS m
-            WHERE t.outcome IN ('succeeded', 'failed', 'cancelled'))
-        SELECT member.batch_id,
-               count(*) FILTER (WHERE member.outcome = 'succeeded')::integer AS s,
-               count(*) FILTER (WHERE member.outcome = 'failed')::integer AS f,
-               count(*) FILTER (WHERE member.outcome = 'cancelled')::integer AS c
-        FROM member
-        GROUP BY 1
-        ORDER BY 1
-    LOOP
-        v_batches := v_batches || v_row.batch_id;
-        v_emptied := v_emptied
-                     || pgfifo.batch_take(v_row.batch_id, v_row.s + v_row.f + v_row.c, v_row.s, v_row.f, v_row.c);
-        v_failed := v_failed || (v_row.f > 0);
-    END LOOP;
+    -- Each ended job's batch, by its primary key (grouped and ordered over
+    -- a join, the plan would read the batch's every job in batch_id order,
+    -- since sorts are off in complete).
+    SELECT array_agg(m.batch_id), array_agg(t.outcome)
+    INTO v_bids, v_outs
+    FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
+    CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
+                        WHERE x.job_id = t.id) AS m
+    WHERE t.outcome IN ('succeeded', 'failed', 'cancelled');
+    IF v_bids IS NULL THEN
+        RETURN;
+    END IF;
+    -- The shards' rows, batch by batch in id order. One batch (the common
+    -- case) is counted from the arrays, without a grouping query: array
+    -- expressions need no executor.
+    IF v_bids[1] = ALL (v_bids) THEN
+        v_s := coalesce(cardinality(array_positions(v_outs, 'succeeded')), 0);
+        v_f := coalesce(cardinality(array_positions(v_outs, 'failed')), 0);
+        v_c := cardinality(v_outs) - v_s - v_f;
+        v_batches := ARRAY[v_bids[1]];
+        v_emptied := ARRAY[pgfifo.batch_take(v_bids[1], v_s + v_f + v_c, v_s, v_f, v_c)];
+        v_failed := ARRAY[v_f > 0];
+    ELSE
+        FOR v_row IN
+            SELECT t.batch_id,
+                   count(*) FILTER (WHERE t.outcome = 'succeeded')::integer AS s,
+                   count(*) FILTER (WHERE t.outcome = 'failed')::integer AS f,
+                   count(*) FILTER (WHERE t.outcome = 'cancelled')::integer AS c
+            FROM unnest(v_bids, v_outs) AS t(batch_id, outcome)
+            GROUP BY 1
+            ORDER BY 1
+        LOOP
+            v_batches := v_batches || v_row.batch_id;
+            v_emptied := v_emptied
+                         || pgfifo.batch_take(v_row.batch_id, v_row.s + v_row.f + v_row.c, v_row.s, v_row.f, v_row.c);
+            v_failed := v_failed || (v_row.f > 0);
+        END LOOP;
+    END IF;
     -- The batches' rows, in id order: only when a shard ran out of jobs, or
     -- at the batch's first failure (most calls end above).
     FOR v_i IN 1 .. cardinality(v_batches) LOOP
