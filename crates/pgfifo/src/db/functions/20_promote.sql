@@ -99,6 +99,18 @@ BEGIN
                                   WHERE s.queue = v_wake.queue AND s.failure_policy = 'hold');
         END IF;
         CONTINUE WHEN v_group.paused;
+        -- A head waiting for its time that ended meanwhile (a dependent
+        -- cancelled because its dependency failed, see
+        -- 18_dependencies.sql, or by an operator, sleeps behind a far
+        -- future time): ready now, so that the next pick finds a finished
+        -- head and moves it on (advance_head, under the group's locks).
+        IF v_group.ready_at > v_now AND v_group.head_id IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
+                           WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
+            UPDATE pgfifo.queue_group SET ready_at = v_now
+            WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+            CONTINUE;
+        END IF;
         SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
         WHERE j.queue = v_wake.queue AND j.group_id = v_wake.group_id AND j.state = 'queued'
         ORDER BY j.id LIMIT 1;

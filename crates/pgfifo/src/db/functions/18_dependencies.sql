@@ -1,0 +1,392 @@
+-- Dependencies: jobs that wait for other jobs, or for batches, to succeed.
+-- See migrations/0013_dependencies and docs/batches.md ("Dependencies").
+--
+-- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
+-- migrations; see crates/pgfifo/src/migrate.rs and docs/upgrading.md for
+-- how a change of arguments or result type is made. The functions that
+-- write outcomes (complete, cancel_job, skip_head) and batch_settle call
+-- these only while pgfifo.job_dependency exists: after `migrate down`
+-- below 13 they work as before.
+--
+-- A waiting dependent is a queued job whose run_after is
+-- dependency_wait_at() (a fixed far future, not 'infinity': the runner
+-- turns a head's start time into microseconds, and the admin views into
+-- a time, which 'infinity' has neither). It holds its group like a delayed
+-- head; pick and promote need nothing new for it. Its release sets
+-- run_after and wakes its group through pgfifo.group_wake (as an enqueue
+-- does): promote, in its own transaction with the group's row locked, sets
+-- the group's ready_at from the head's new time. Nothing here waits for a
+-- group's row or takes a group's advisory lock, so no new wait joins the
+-- lock order of enqueue, complete and batches.
+--
+-- Who decides a dependent: whoever ends one of its dependencies (the hook,
+-- dependency_outcomes, in the same transaction), the enqueue itself when
+-- every dependency is already decided, and the sweep (release_dependents,
+-- in the runner's maintenance) for the one race the hook cannot see: a
+-- dependency that ends while the dependent's enqueue has not committed
+-- (its rows are invisible to the hook). Every decision is taken by
+-- dependency_settle with the dependent's job_wait row locked, reading the
+-- dependencies' states with a snapshot taken after that lock: of two
+-- transactions ending two dependencies of one job at the same moment, the
+-- second to lock sees the first's commit.
+
+-- The run_after of a waiting dependent.
+CREATE OR REPLACE FUNCTION pgfifo.dependency_wait_at() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN '9999-12-31 00:00:00+00'::timestamptz;
+
+-- The state of one dependency, as its dependents see it: 'done' (the job
+-- succeeded; the batch is closed and every job of it succeeded), 'failed'
+-- (the job failed for good, was cancelled or skipped, or no longer exists;
+-- the batch completed without success) or 'pending'.
+CREATE OR REPLACE FUNCTION pgfifo.dependency_state(p_job bigint, p_batch bigint) RETURNS text
+LANGUAGE sql STABLE
+RETURN CASE
+    WHEN p_job IS NOT NULL THEN
+        coalesce((SELECT CASE j.state WHEN 'succeeded' THEN 'done' WHEN 'queued' THEN 'pending'
+                                      ELSE 'failed' END
+                  FROM pgfifo.job AS j WHERE j.id = p_job), 'failed')
+    ELSE
+        coalesce((SELECT CASE WHEN b.closed_at IS NULL OR b.shards_done < b.shards THEN 'pending'
+                              WHEN (SELECT coalesce(sum(s.succeeded), 0) FROM pgfifo.batch_shard AS s
+                                    WHERE s.batch_id = b.id) = b.total THEN 'done'
+                              ELSE 'failed' END
+                  FROM pgfifo.batch AS b WHERE b.id = p_batch), 'failed')
+END;
+
+-- Decides the waiting dependents p_jobs by their dependencies' states now:
+-- releases those whose dependencies are all done, cancels those with a
+-- failed one under 'cancel' (and then their own dependents), marks those
+-- under 'hold' as held, counts a failed one as done under 'run'. Locks
+-- each one's job_wait row first (p_wait: waiting for it; else passing a
+-- locked one by, as the sweep does), then its job's row without waiting (a
+-- job row someone holds is left to them, or to the sweep). Returns how many
+-- it released or cancelled.
+CREATE OR REPLACE FUNCTION pgfifo.dependency_settle(p_jobs bigint[], p_wait boolean) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_locked    bigint[];
+    v_w         record;
+    v_job       record;
+    v_pending   integer;
+    v_failed    record;
+    v_cancelled bigint[] := '{}';
+    v_n         integer := 0;
+BEGIN
+    IF p_wait THEN
+        v_locked := ARRAY(SELECT w.job_id FROM pgfifo.job_wait AS w
+                          WHERE w.job_id = ANY (p_jobs) ORDER BY w.job_id FOR UPDATE);
+    ELSE
+        v_locked := ARRAY(SELECT w.job_id FROM pgfifo.job_wait AS w
+                          WHERE w.job_id = ANY (p_jobs) ORDER BY w.job_id FOR UPDATE SKIP LOCKED);
+    END IF;
+    FOR v_w IN
+        SELECT w.job_id, w.on_failure, w.run_after, w.blocked_by_job, w.blocked_by_batch
+        FROM pgfifo.job_wait AS w WHERE w.job_id = ANY (v_locked) ORDER BY w.job_id
+    LOOP
+        SELECT j.queue, j.group_id, j.state INTO v_job FROM pgfifo.job AS j
+        WHERE j.id = v_w.job_id FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND AND EXISTS (SELECT 1 FROM pgfifo.job AS j WHERE j.id = v_w.job_id);
+        IF NOT FOUND OR v_job.state <> 'queued' THEN
+            -- Ended otherwise (an operator cancelled it) or gone: it waits
+            -- no more.
+            DELETE FROM pgfifo.job_dependency WHERE job_id = v_w.job_id;
+            DELETE FROM pgfifo.job_wait WHERE job_id = v_w.job_id;
+            CONTINUE;
+        END IF;
+        -- Each dependency's state, once; done ones (and failed ones under
+        -- 'run') are counted for good.
+        UPDATE pgfifo.job_dependency AS d SET satisfied = true
+        WHERE d.job_id = v_w.job_id AND NOT d.satisfied
+          AND pgfifo.dependency_state(d.dep_job_id, d.dep_batch_id)
+              IN ('done', CASE WHEN v_w.on_failure = 'run' THEN 'failed' ELSE 'done' END);
+        SELECT d.dep_job_id, d.dep_batch_id,
+               CASE WHEN d.dep_job_id IS NOT NULL
+                    THEN format('dependency job %s %s', d.dep_job_id,
+                                coalesce((SELECT j.state FROM pgfifo.job AS j WHERE j.id = d.dep_job_id),
+                                         'no longer exists'))
+                    ELSE format('dependency batch %s completed without success', d.dep_batch_id)
+               END AS reason
+        INTO v_failed FROM pgfifo.job_dependency AS d
+        WHERE d.job_id = v_w.job_id AND NOT d.satisfied
+          AND pgfifo.dependency_state(d.dep_job_id, d.dep_batch_id) = 'failed'
+        ORDER BY d.dep_job_id, d.dep_batch_id LIMIT 1;
+        IF FOUND AND v_w.on_failure = 'cancel' THEN
+            UPDATE pgfifo.job SET state = 'cancelled', finished_at = now(), last_error = v_failed.reason
+            WHERE id = v_w.job_id;
+            v_cancelled := v_cancelled || v_w.job_id;
+        ELSIF FOUND THEN
+            -- 'hold': it waits, held by the failed one.
+            IF v_w.blocked_by_job IS DISTINCT FROM v_failed.dep_job_id
+               OR v_w.blocked_by_batch IS DISTINCT FROM v_failed.dep_batch_id THEN
+                UPDATE pgfifo.job_wait
+                SET blocked_by_job = v_failed.dep_job_id, blocked_by_batch = v_failed.dep_batch_id
+                WHERE job_id = v_w.job_id;
+            END IF;
+            CONTINUE;
+        ELSE
+            SELECT count(*) INTO v_pending FROM pgfifo.job_dependency AS d
+            WHERE d.job_id = v_w.job_id AND NOT d.satisfied;
+            IF v_pending > 0 THEN
+                -- Waiting (a held one whose failed dependency was retried
+                -- waits as before).
+                IF v_w.blocked_by_job IS NOT NULL OR v_w.blocked_by_batch IS NOT NULL THEN
+                    UPDATE pgfifo.job_wait SET blocked_by_job = NULL, blocked_by_batch = NULL
+                    WHERE job_id = v_w.job_id;
+                END IF;
+                CONTINUE;
+            END IF;
+            -- Released: its own start time, and its group woken.
+            UPDATE pgfifo.job SET run_after = coalesce(v_w.run_after, now())
+            WHERE id = v_w.job_id;
+            IF v_job.group_id IS NULL THEN
+                PERFORM pg_notify('pgfifo', v_job.queue);
+            END IF;
+        END IF;
+        IF v_job.group_id IS NOT NULL THEN
+            -- (A cancelled head is moved on by promote, see there.)
+            INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_job.queue, v_job.group_id);
+            PERFORM pg_notify('pgfifo_groups', v_job.queue);
+        END IF;
+        DELETE FROM pgfifo.job_dependency WHERE job_id = v_w.job_id;
+        DELETE FROM pgfifo.job_wait WHERE job_id = v_w.job_id;
+        v_n := v_n + 1;
+    END LOOP;
+    IF cardinality(v_cancelled) > 0 THEN
+        -- (Dependents are never members of a batch today, see
+        -- enqueue_after: this counts nothing, and locks no batch.)
+        IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+            PERFORM pgfifo.batch_outcomes(v_cancelled, array_fill('cancelled'::text, ARRAY[cardinality(v_cancelled)]));
+        END IF;
+        -- Their own dependents, in turn (no cycle: a dependency exists
+        -- before its dependent).
+        PERFORM pgfifo.dependency_outcomes(v_cancelled,
+                                           array_fill('cancelled'::text, ARRAY[cardinality(v_cancelled)]));
+    END IF;
+    RETURN v_n;
+END
+$$;
+
+-- The hook: jobs p_ids reached outcomes p_outcomes (as complete takes
+-- them; only 'succeeded', 'failed' and 'cancelled' decide anything).
+-- Decides their waiting dependents, and a job among them that was itself
+-- waiting (an operator cancelled or skipped it) waits no more. Called in
+-- the caller's transaction after the jobs' rows were written, while
+-- pgfifo.job_dependency exists (see complete for the probe that skips it
+-- when nobody waits).
+CREATE OR REPLACE FUNCTION pgfifo.dependency_outcomes(p_ids bigint[], p_outcomes text[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_ended     bigint[];
+    v_dependent bigint[];
+BEGIN
+    v_ended := ARRAY(SELECT t.id FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
+                     WHERE t.outcome IN ('succeeded', 'failed', 'cancelled'));
+    IF cardinality(v_ended) = 0 THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgfifo.job_wait AS w WHERE w.job_id = ANY (v_ended)) THEN
+        DELETE FROM pgfifo.job_dependency WHERE job_id = ANY (v_ended);
+        DELETE FROM pgfifo.job_wait WHERE job_id = ANY (v_ended);
+    END IF;
+    v_dependent := ARRAY(SELECT DISTINCT d.job_id FROM pgfifo.job_dependency AS d
+                         WHERE d.dep_job_id = ANY (v_ended) ORDER BY 1);
+    IF cardinality(v_dependent) > 0 THEN
+        PERFORM pgfifo.dependency_settle(v_dependent, true);
+    END IF;
+END
+$$;
+
+-- The hook of batches: batch p_batch fired its events (batch_settle, with
+-- the batch's row locked). Decides its waiting dependents.
+CREATE OR REPLACE FUNCTION pgfifo.dependency_batch_settled(p_batch bigint) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_dependent bigint[];
+BEGIN
+    v_dependent := ARRAY(SELECT DISTINCT d.job_id FROM pgfifo.job_dependency AS d
+                         WHERE d.dep_batch_id = p_batch ORDER BY 1);
+    IF cardinality(v_dependent) > 0 THEN
+        PERFORM pgfifo.dependency_settle(v_dependent, true);
+    END IF;
+END
+$$;
+
+-- The sweep: decides up to p_limit waiting dependents that a hook missed
+-- (their enqueue committed after a dependency's end, or a hook passed
+-- their locked row by): those with a dependency decided but not counted,
+-- or none left to wait for. Held ones (and ones still waiting) are not
+-- looked at again, so a backlog of them does not hide the rest. Passes
+-- locked rows by. Returns how many it released or cancelled. Called by the
+-- runner's maintenance, in its own transaction.
+CREATE OR REPLACE FUNCTION pgfifo.release_dependents(p_limit integer) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_due bigint[];
+BEGIN
+    IF to_regclass('pgfifo.job_wait') IS NULL THEN
+        RETURN 0;
+    END IF;
+    v_due := ARRAY(
+        SELECT w.job_id FROM pgfifo.job_wait AS w
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.job_dependency AS d
+                          WHERE d.job_id = w.job_id AND NOT d.satisfied)
+           OR EXISTS (SELECT 1 FROM pgfifo.job_dependency AS d
+                      CROSS JOIN LATERAL pgfifo.dependency_state(d.dep_job_id, d.dep_batch_id) AS s(st)
+                      WHERE d.job_id = w.job_id AND NOT d.satisfied
+                        AND (s.st = 'done'
+                             OR (s.st = 'failed'
+                                 AND (w.on_failure <> 'hold'
+                                      OR (w.blocked_by_job IS NULL AND w.blocked_by_batch IS NULL)))))
+           OR (w.blocked_by_job IS NOT NULL
+               AND pgfifo.dependency_state(w.blocked_by_job, NULL) <> 'failed')
+           OR (w.blocked_by_batch IS NOT NULL
+               AND pgfifo.dependency_state(NULL, w.blocked_by_batch) <> 'failed')
+        ORDER BY w.job_id
+        LIMIT p_limit);
+    IF cardinality(v_due) = 0 THEN
+        RETURN 0;
+    END IF;
+    RETURN pgfifo.dependency_settle(v_due, false);
+END
+$$;
+
+-- Enqueues jobs as pgfifo.enqueue does (the same arguments, without unique
+-- keys: a row whose key is taken would return another job's id), each with
+-- its dependencies: edge k says that row p_dep_row[k] (1-based) waits for
+-- job p_dep_job[k] or for batch p_dep_batch[k] (exactly one of the two).
+-- p_on_failure[i] is row i's policy when a dependency fails for good, is
+-- cancelled or skipped: 'cancel' (NULL: the default), 'hold' or 'run'.
+-- A row without edges is an ordinary job. Returns the ids in input order.
+--
+-- Dependencies must exist (so no cycle can be made): a missing one raises
+-- pgfifo_dependency_missing (DETAIL 'job 17' or 'batch 5'), writing
+-- nothing. A dependency that succeeded already counts as done; one that
+-- failed already applies the policy now: under 'cancel' the job is created
+-- cancelled (its id is valid, its group is not held), under 'hold' it
+-- waits, held. A row whose dependencies are all done is enqueued as if it
+-- had none. A dependent is never a member of a batch.
+CREATE OR REPLACE FUNCTION pgfifo.enqueue_after(
+    p_queue        text[],
+    p_group        text[],
+    p_kind         text[],
+    p_payload      jsonb[],
+    p_priority     smallint[],
+    p_max_attempts integer[],
+    p_run_at_us    bigint[],
+    p_delay_us     bigint[],
+    p_on_failure   text[],
+    p_dep_row      integer[],
+    p_dep_job      bigint[],
+    p_dep_batch    bigint[]
+) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n       integer := coalesce(cardinality(p_queue), 0);
+    v_e       integer := coalesce(cardinality(p_dep_row), 0);
+    v_policy  text[];
+    v_fate    text[];
+    v_own_at  timestamptz[];
+    v_run_at  bigint[] := p_run_at_us;
+    v_delay   bigint[] := p_delay_us;
+    v_wait_us bigint := (extract(epoch FROM pgfifo.dependency_wait_at()) * 1000000)::bigint;
+    v_ids     bigint[];
+    v_bad     record;
+    v_st      text[];
+BEGIN
+    PERFORM pgfifo.require_read_committed('enqueue');
+    IF v_n <> coalesce(cardinality(p_group), 0) OR v_n <> coalesce(cardinality(p_kind), 0)
+       OR v_n <> coalesce(cardinality(p_payload), 0) OR v_n <> coalesce(cardinality(p_priority), 0)
+       OR v_n <> coalesce(cardinality(p_max_attempts), 0)
+       OR v_n <> coalesce(cardinality(p_run_at_us), 0) OR v_n <> coalesce(cardinality(p_delay_us), 0)
+       OR (p_on_failure IS NOT NULL AND v_n <> cardinality(p_on_failure))
+       OR v_e <> coalesce(cardinality(p_dep_job), 0) OR v_e <> coalesce(cardinality(p_dep_batch), 0) THEN
+        RAISE EXCEPTION 'pgfifo enqueue_after: the arrays of jobs, and those of dependencies, must each have one length'
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_dependency_invalid';
+    END IF;
+    IF v_n = 0 THEN
+        RETURN '{}';
+    END IF;
+    v_policy := ARRAY(SELECT coalesce(p, 'cancel')
+                      FROM unnest(coalesce(p_on_failure, array_fill(NULL::text, ARRAY[v_n])))
+                           WITH ORDINALITY AS t(p, i) ORDER BY i);
+    IF NOT v_policy <@ ARRAY['cancel', 'hold', 'run'] THEN
+        RAISE EXCEPTION 'pgfifo enqueue_after: on_failure must be cancel, hold or run (got %)', p_on_failure
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_dependency_invalid';
+    END IF;
+    SELECT t.r, t.j, t.b INTO v_bad FROM unnest(p_dep_row, p_dep_job, p_dep_batch) AS t(r, j, b)
+    WHERE t.r IS NULL OR t.r < 1 OR t.r > v_n OR (t.j IS NULL) = (t.b IS NULL) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'pgfifo enqueue_after: a dependency must name a row between 1 and % and exactly one job or batch (got row %, job %, batch %)',
+            v_n, v_bad.r, v_bad.j, v_bad.b
+            USING ERRCODE = 'invalid_parameter_value', CONSTRAINT = 'pgfifo_dependency_invalid';
+    END IF;
+    -- Dependencies exist (read without locks: one that ends meanwhile is
+    -- decided by its hook or by the sweep once this commits).
+    SELECT t.j, t.b INTO v_bad FROM unnest(p_dep_job, p_dep_batch) AS t(j, b)
+    WHERE (t.j IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS x WHERE x.id = t.j))
+       OR (t.b IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pgfifo.batch AS x WHERE x.id = t.b))
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'pgfifo enqueue_after: the dependency % does not exist',
+            CASE WHEN v_bad.j IS NOT NULL THEN 'job ' || v_bad.j ELSE 'batch ' || v_bad.b END
+            USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'pgfifo_dependency_missing',
+                  DETAIL = CASE WHEN v_bad.j IS NOT NULL THEN 'job ' || v_bad.j ELSE 'batch ' || v_bad.b END;
+    END IF;
+    -- Each edge's state now, and each row's fate: 'plain' (no edges, or all
+    -- done), 'wait' or 'cancel'.
+    v_st := ARRAY(SELECT pgfifo.dependency_state(t.j, t.b)
+                  FROM unnest(p_dep_job, p_dep_batch) WITH ORDINALITY AS t(j, b, k) ORDER BY t.k);
+    v_fate := ARRAY(
+        SELECT CASE
+                   WHEN bool_or(e.st = 'failed') AND v_policy[i] = 'cancel' THEN 'cancel'
+                   WHEN bool_and(e.st = 'done' OR (e.st = 'failed' AND v_policy[i] = 'run'))
+                        OR count(e.st) = 0 THEN 'plain'
+                   ELSE 'wait' END
+        FROM generate_series(1, v_n) AS i
+        LEFT JOIN unnest(p_dep_row, v_st) AS e(r, st) ON e.r = i
+        GROUP BY i ORDER BY i);
+    v_own_at := ARRAY(SELECT CASE WHEN t.at IS NULL AND t.dl IS NULL THEN NULL
+                                  ELSE pgfifo.run_after(t.at, t.dl) END
+                      FROM unnest(p_run_at_us, p_delay_us) WITH ORDINALITY AS t(at, dl, i) ORDER BY i);
+    FOR v_i IN 1 .. v_n LOOP
+        IF v_fate[v_i] <> 'plain' THEN
+            v_run_at[v_i] := v_wait_us;
+            v_delay[v_i] := NULL;
+        END IF;
+    END LOOP;
+    v_ids := pgfifo.enqueue(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
+                            NULL, v_run_at, v_delay);
+    INSERT INTO pgfifo.job_wait (job_id, on_failure, run_after)
+    SELECT v_ids[i], v_policy[i], v_own_at[i] FROM generate_series(1, v_n) AS i
+    WHERE v_fate[i] = 'wait';
+    INSERT INTO pgfifo.job_dependency (job_id, dep_job_id, dep_batch_id, satisfied)
+    SELECT v_ids[e.r], e.j, e.b, e.st = 'done' OR (e.st = 'failed' AND v_policy[e.r] = 'run')
+    FROM unnest(p_dep_row, p_dep_job, p_dep_batch, v_st) AS e(r, j, b, st)
+    WHERE v_fate[e.r] = 'wait';
+    -- Held ones say by what; cancelled ones are created ended (their
+    -- groups' wake rows find nothing to run, or a head to move on).
+    UPDATE pgfifo.job_wait AS w SET blocked_by_job = f.j, blocked_by_batch = f.b
+    FROM (SELECT DISTINCT ON (e.r) e.r, e.j, e.b
+          FROM unnest(p_dep_row, p_dep_job, p_dep_batch, v_st) AS e(r, j, b, st)
+          WHERE e.st = 'failed' AND v_policy[e.r] = 'hold' AND v_fate[e.r] = 'wait'
+          ORDER BY e.r, e.j, e.b) AS f
+    WHERE w.job_id = v_ids[f.r];
+    UPDATE pgfifo.job AS j
+    SET state = 'cancelled', finished_at = now(),
+        last_error = (SELECT CASE WHEN e.j IS NOT NULL
+                                  THEN format('dependency job %s %s', e.j,
+                                              (SELECT x.state FROM pgfifo.job AS x WHERE x.id = e.j))
+                                  ELSE format('dependency batch %s completed without success', e.b) END
+                      FROM unnest(p_dep_row, p_dep_job, p_dep_batch, v_st) AS e(r, j, b, st)
+                      WHERE e.r = i.i AND e.st = 'failed' ORDER BY e.j, e.b LIMIT 1)
+    FROM generate_series(1, v_n) AS i(i)
+    WHERE v_fate[i.i] = 'cancel' AND j.id = v_ids[i.i];
+    RETURN v_ids;
+END
+$$;

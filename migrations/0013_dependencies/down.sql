@@ -1,0 +1,17 @@
+-- Reverts 0013_dependencies: the dependencies' tables go, with the
+-- functions that read them (18_dependencies.sql). The functions of the hot
+-- path stay: they call into dependencies only while pgfifo.job_dependency
+-- exists. Jobs still waiting stay queued with their far-future run_after:
+-- an operator releases or cancels them (docs/batches.md).
+DROP FUNCTION IF EXISTS pgfifo.enqueue_after(text[], text[], text[], jsonb[], smallint[], integer[], bigint[], bigint[], text[], integer[], bigint[], bigint[]);
+DROP FUNCTION IF EXISTS pgfifo.dependency_outcomes(bigint[], text[]);
+DROP FUNCTION IF EXISTS pgfifo.dependency_batch_settled(bigint);
+DROP FUNCTION IF EXISTS pgfifo.dependency_settle(bigint[], boolean);
+DROP FUNCTION IF EXISTS pgfifo.release_dependents(integer);
+DROP FUNCTION IF EXISTS pgfifo.dependency_state(bigint, bigint);
+DROP FUNCTION IF EXISTS pgfifo.dependency_wait_at();
+DROP TABLE IF EXISTS pgfifo.job_wait;
+DROP TABLE IF EXISTS pgfifo.job_dependency;
+-- The function set recorded as installed is no longer what is installed:
+-- the next `migrate up` installs it again.
+DELETE FROM pgfifo.schema_functions;
