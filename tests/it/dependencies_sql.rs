@@ -166,3 +166,43 @@ async fn the_sql_function_checks_its_input_and_a_done_dependency_counts_at_once(
     assert_eq!(at.as_deref(), Some("true"));
     assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job_wait").await, 0);
 }
+
+#[tokio::test]
+async fn add_job_after_enqueues_a_dependent_from_sql() {
+    let db = TestDb::new().await;
+    let x = db
+        .scalar(
+            "SELECT pgfifo.add_job(kind => 'DependenciesSqlJob', queue => 'dependencies_sql',
+                 payload => '{\"n\": 1}', group_id => 'g')",
+        )
+        .await;
+    let d = db
+        .scalar(&format!(
+            "SELECT pgfifo.add_job_after(kind => 'DependenciesSqlJob', queue => 'dependencies_sql',
+                 payload => '{{\"n\": 2}}', depends_on => ARRAY[{x}]::bigint[],
+                 on_dependency_failure => 'hold', group_id => 'g2')"
+        ))
+        .await;
+    assert_eq!(
+        db.text(&format!(
+            "SELECT on_failure FROM pgfifo.job_wait WHERE job_id = {d}"
+        ))
+        .await
+        .as_deref(),
+        Some("hold")
+    );
+    let mut conn = db.conn().await;
+    let missing = diesel::sql_query(
+        "SELECT pgfifo.add_job_after(kind => 'DependenciesSqlJob', queue => 'dependencies_sql',
+             payload => '{}', after_batches => ARRAY[77]::bigint[]) AS ids",
+    )
+    .execute(&mut conn)
+    .await
+    .map_err(Error::from)
+    .unwrap_err();
+    assert!(
+        matches!(missing, Error::DependencyNotFound(Dependency::Batch(77))),
+        "{missing:?}"
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job").await, 2);
+}

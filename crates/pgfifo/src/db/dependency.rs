@@ -6,9 +6,9 @@ use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Nullable, SmallInt, Text}
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::enqueue::EnqueueArrays;
 use super::pooler::pinned;
 use super::statement::{bind, cached};
+use crate::db::enqueue::EnqueueArrays;
 use crate::JobId;
 
 /// The dependencies of a call of `pgfifo.enqueue_after`: edge k says that
