@@ -5,6 +5,7 @@
 -- an operator releases or cancels them (docs/batches.md).
 DROP FUNCTION IF EXISTS pgfifo.enqueue_after(text[], text[], text[], jsonb[], smallint[], integer[], bigint[], bigint[], text[], integer[], bigint[], bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.add_job_after(text, text, jsonb, bigint[], bigint[], text, text, timestamptz, interval, integer, integer);
+DROP FUNCTION IF EXISTS pgfifo.dependency_waits(bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.dependency_outcomes(bigint[], text[]);
 DROP FUNCTION IF EXISTS pgfifo.dependency_batch_settled(bigint);
 DROP FUNCTION IF EXISTS pgfifo.dependency_settle(bigint[], boolean);

@@ -93,6 +93,7 @@ mod dashboard_batches;
 mod dashboard_browser;
 mod dashboard_security;
 mod dashboard_support;
+mod dependencies_views;
 
 // A real browser (headless Chromium) against a page the test serves.
 mod browser_smoke;

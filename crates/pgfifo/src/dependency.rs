@@ -8,12 +8,15 @@
 
 use std::fmt;
 
+use serde::Serialize;
+
 use crate::{BatchId, JobId};
 
 /// What a waiting job does when one of its dependencies fails for good, is
 /// cancelled or is skipped (a batch: completes without every job
 /// succeeding).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DependencyFailure {
     /// The dependent is cancelled, with `last_error` naming the dependency,
     /// and so are its own dependents that cancel in turn; its group moves on.
@@ -43,7 +46,8 @@ impl DependencyFailure {
 }
 
 /// One dependency of a job: a job or a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Dependency {
     /// A job, by id: done when it succeeded.
     Job(JobId),

@@ -435,3 +435,29 @@ BEGIN
         array_fill(NULL::bigint, ARRAY[v_nj]) || v_bats))[1];
 END
 $$;
+
+-- Why the jobs p_jobs wait, for the admin views: one row per waiting
+-- dependent among them, with its policy, the jobs and batches it still
+-- waits for (ascending), and, when held, the failed dependency that holds
+-- it (still failed now). Read-only.
+CREATE OR REPLACE FUNCTION pgfifo.dependency_waits(p_jobs bigint[])
+RETURNS TABLE (job_id bigint, on_failure text, jobs bigint[], batches bigint[],
+               held_by_job bigint, held_by_batch bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT w.job_id, w.on_failure,
+           coalesce(ARRAY(SELECT d.dep_job_id FROM pgfifo.job_dependency AS d
+                          WHERE d.job_id = w.job_id AND NOT d.satisfied AND d.dep_job_id IS NOT NULL
+                          ORDER BY 1), '{}'),
+           coalesce(ARRAY(SELECT d.dep_batch_id FROM pgfifo.job_dependency AS d
+                          WHERE d.job_id = w.job_id AND NOT d.satisfied AND d.dep_batch_id IS NOT NULL
+                          ORDER BY 1), '{}'),
+           CASE WHEN pgfifo.dependency_state(w.blocked_by_job, NULL) = 'failed' THEN w.blocked_by_job END,
+           CASE WHEN pgfifo.dependency_state(NULL, w.blocked_by_batch) = 'failed' THEN w.blocked_by_batch END
+    FROM pgfifo.job_wait AS w
+    WHERE w.job_id = ANY (p_jobs)
+    ORDER BY w.job_id;
+END
+$$;
