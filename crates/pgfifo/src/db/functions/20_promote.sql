@@ -99,12 +99,15 @@ BEGIN
                                   WHERE s.queue = v_wake.queue AND s.failure_policy = 'hold');
         END IF;
         CONTINUE WHEN v_group.paused;
-        -- A head waiting for its time that ended meanwhile (a dependent
-        -- cancelled because its dependency failed, see
-        -- 18_dependencies.sql, or by an operator, sleeps behind a far
-        -- future time): ready now, so that the next pick finds a finished
-        -- head and moves it on (advance_head, under the group's locks).
-        IF v_group.ready_at > v_now AND v_group.head_id IS NOT NULL
+        -- A head that waited for its dependencies (ready_at at
+        -- pgfifo.dependency_wait_at(), spelt out: that function goes with
+        -- `migrate down` below 13) and was cancelled meanwhile, by its
+        -- policy (see 18_dependencies.sql), which does not lock the
+        -- group: ready now, so that the next pick finds a finished head
+        -- and moves it on (advance_head, under the group's locks). (Only
+        -- that time: a head waiting for a rate limit's token keeps it.)
+        IF v_group.ready_at >= '9999-12-31 00:00:00+00'::timestamptz
+           AND v_group.head_id IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
                            WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
             UPDATE pgfifo.queue_group SET ready_at = v_now
