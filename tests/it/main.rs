@@ -40,6 +40,7 @@ mod burst;
 mod contention;
 mod crashes;
 mod dependencies;
+mod dependencies_races;
 mod exclusivity_fifo;
 mod group_concurrency;
 mod group_controls;
