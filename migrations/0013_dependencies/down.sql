@@ -9,7 +9,7 @@ DROP FUNCTION IF EXISTS pgfifo.dependency_waits(bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.dependency_outcomes(bigint[], text[]);
 DROP FUNCTION IF EXISTS pgfifo.dependency_batch_settled(bigint);
 DROP FUNCTION IF EXISTS pgfifo.dependency_settle(bigint[], boolean);
-DROP FUNCTION IF EXISTS pgfifo.release_dependents(integer);
+DROP FUNCTION IF EXISTS pgfifo.release_dependents(bigint, integer);
 DROP FUNCTION IF EXISTS pgfifo.dependency_state(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.dependency_wait_at();
 DROP TABLE IF EXISTS pgfifo.job_wait;

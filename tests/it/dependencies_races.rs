@@ -143,7 +143,11 @@ async fn a_completion_that_rolls_back_releases_nothing() {
     complete_uncommitted(&mut runner, x).await;
     runner.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(released(&db, d).await, 0);
-    assert_eq!(db.scalar("SELECT pgfifo.release_dependents(100)").await, 0);
+    assert_eq!(
+        db.scalar("SELECT settled::bigint FROM pgfifo.release_dependents(0, 100)")
+            .await,
+        0
+    );
     complete_uncommitted(&mut runner, x).await;
     runner.batch_execute("COMMIT").await.unwrap();
     assert_eq!(released(&db, d).await, 1);

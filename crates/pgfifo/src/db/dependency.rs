@@ -26,10 +26,15 @@ struct IdsRow {
     ids: Vec<i64>,
 }
 
-#[derive(QueryableByName)]
-struct CountRow {
+/// What one page of the sweep did.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct Swept {
+    /// Dependents released or cancelled.
     #[diesel(sql_type = Integer)]
-    n: i32,
+    pub settled: i32,
+    /// Where the next page starts (0: from the start again).
+    #[diesel(sql_type = BigInt)]
+    pub next_after: i64,
 }
 
 const ENQUEUE_AFTER: &str =
@@ -65,15 +70,19 @@ pub(crate) async fn enqueue_after(
     Ok(row.ids)
 }
 
-const RELEASE_DEPENDENTS: &str = "SELECT pgfifo.release_dependents($1) AS n";
+const RELEASE_DEPENDENTS: &str =
+    "SELECT settled, next_after FROM pgfifo.release_dependents($1, $2)";
 
-/// The sweep: decides up to `limit` waiting dependents that no hook did;
-/// returns how many it released or cancelled.
+/// One page of the sweep: looks at up to `scan` waiting dependents after
+/// job id `after` and decides those that no hook did.
 pub(crate) async fn release_dependents(
     conn: &mut AsyncPgConnection,
-    limit: i32,
-) -> diesel::QueryResult<i32> {
-    let statement = cached(RELEASE_DEPENDENTS, (bind::<Integer, _>(limit),));
-    let row: CountRow = pinned(conn, async |conn| statement.get_result(conn).await).await?;
-    Ok(row.n)
+    after: i64,
+    scan: i32,
+) -> diesel::QueryResult<Swept> {
+    let statement = cached(
+        RELEASE_DEPENDENTS,
+        (bind::<BigInt, _>(after), bind::<Integer, _>(scan)),
+    );
+    pinned(conn, async |conn| statement.get_result(conn).await).await
 }

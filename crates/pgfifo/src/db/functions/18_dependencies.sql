@@ -40,19 +40,26 @@ RETURN '9999-12-31 00:00:00+00'::timestamptz;
 -- (the job failed for good, was cancelled or skipped, or no longer exists;
 -- the batch completed without success) or 'pending'.
 CREATE OR REPLACE FUNCTION pgfifo.dependency_state(p_job bigint, p_batch bigint) RETURNS text
-LANGUAGE sql STABLE
-RETURN CASE
-    WHEN p_job IS NOT NULL THEN
-        coalesce((SELECT CASE j.state WHEN 'succeeded' THEN 'done' WHEN 'queued' THEN 'pending'
-                                      ELSE 'failed' END
-                  FROM pgfifo.job AS j WHERE j.id = p_job), 'failed')
-    ELSE
-        coalesce((SELECT CASE WHEN b.closed_at IS NULL OR b.shards_done < b.shards THEN 'pending'
-                              WHEN (SELECT coalesce(sum(s.succeeded), 0) FROM pgfifo.batch_shard AS s
-                                    WHERE s.batch_id = b.id) = b.total THEN 'done'
-                              ELSE 'failed' END
-                  FROM pgfifo.batch AS b WHERE b.id = p_batch), 'failed')
-END;
+LANGUAGE plpgsql STABLE
+-- (PL/pgSQL, not SQL: its plans are kept for the session, where a SQL
+-- function called from a query is planned again on each call, 0.3 ms.)
+SET jit = off
+AS $$
+DECLARE
+    v_state text;
+BEGIN
+    IF p_job IS NOT NULL THEN
+        SELECT j.state INTO v_state FROM pgfifo.job AS j WHERE j.id = p_job;
+        RETURN CASE v_state WHEN 'succeeded' THEN 'done' WHEN 'queued' THEN 'pending' ELSE 'failed' END;
+    END IF;
+    SELECT CASE WHEN b.closed_at IS NULL OR b.shards_done < b.shards THEN 'pending'
+                WHEN (SELECT coalesce(sum(s.succeeded), 0) FROM pgfifo.batch_shard AS s
+                      WHERE s.batch_id = b.id) = b.total THEN 'done'
+                ELSE 'failed' END
+    INTO v_state FROM pgfifo.batch AS b WHERE b.id = p_batch;
+    RETURN coalesce(v_state, 'failed');
+END
+$$;
 
 -- Decides the waiting dependents p_jobs by their dependencies' states now:
 -- releases those whose dependencies are all done, cancels those with a
@@ -64,6 +71,8 @@ END;
 -- it released or cancelled.
 CREATE OR REPLACE FUNCTION pgfifo.dependency_settle(p_jobs bigint[], p_wait boolean) RETURNS integer
 LANGUAGE plpgsql
+-- Short queries: compiling them would cost more than running them.
+SET jit = off
 AS $$
 DECLARE
     v_locked    bigint[];
@@ -74,16 +83,21 @@ DECLARE
     v_cancelled bigint[] := '{}';
     v_n         integer := 0;
 BEGIN
+    -- (Joined to unnest, not `= ANY (array)`: with thousands of
+    -- dependents, that filter would be checked against every row.)
     IF p_wait THEN
         v_locked := ARRAY(SELECT w.job_id FROM pgfifo.job_wait AS w
-                          WHERE w.job_id = ANY (p_jobs) ORDER BY w.job_id FOR UPDATE);
+                          JOIN unnest(p_jobs) AS t(id) ON w.job_id = t.id
+                          ORDER BY w.job_id FOR UPDATE OF w);
     ELSE
         v_locked := ARRAY(SELECT w.job_id FROM pgfifo.job_wait AS w
-                          WHERE w.job_id = ANY (p_jobs) ORDER BY w.job_id FOR UPDATE SKIP LOCKED);
+                          JOIN unnest(p_jobs) AS t(id) ON w.job_id = t.id
+                          ORDER BY w.job_id FOR UPDATE OF w SKIP LOCKED);
     END IF;
     FOR v_w IN
         SELECT w.job_id, w.on_failure, w.run_after, w.blocked_by_job, w.blocked_by_batch
-        FROM pgfifo.job_wait AS w WHERE w.job_id = ANY (v_locked) ORDER BY w.job_id
+        FROM pgfifo.job_wait AS w JOIN unnest(v_locked) AS t(id) ON w.job_id = t.id
+        ORDER BY w.job_id
     LOOP
         SELECT j.queue, j.group_id, j.state INTO v_job FROM pgfifo.job AS j
         WHERE j.id = v_w.job_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -177,6 +191,8 @@ $$;
 -- when nobody waits).
 CREATE OR REPLACE FUNCTION pgfifo.dependency_outcomes(p_ids bigint[], p_outcomes text[]) RETURNS void
 LANGUAGE plpgsql
+-- Short queries: compiling them would cost more than running them.
+SET jit = off
 AS $$
 DECLARE
     v_ended     bigint[];
@@ -203,6 +219,8 @@ $$;
 -- the batch's row locked). Decides its waiting dependents.
 CREATE OR REPLACE FUNCTION pgfifo.dependency_batch_settled(p_batch bigint) RETURNS void
 LANGUAGE plpgsql
+-- Short queries: compiling them would cost more than running them.
+SET jit = off
 AS $$
 DECLARE
     v_dependent bigint[];
@@ -215,43 +233,82 @@ BEGIN
 END
 $$;
 
--- The sweep: decides up to p_limit waiting dependents that a hook missed
--- (their enqueue committed after a dependency's end, or a hook passed
--- their locked row by): those with a dependency decided but not counted,
--- or none left to wait for. Held ones (and ones still waiting) are not
--- looked at again, so a backlog of them does not hide the rest. Passes
--- locked rows by. Returns how many it released or cancelled. Called by the
--- runner's maintenance, in its own transaction.
-CREATE OR REPLACE FUNCTION pgfifo.release_dependents(p_limit integer) RETURNS integer
+-- The sweep: decides the waiting dependents that a hook missed (their
+-- enqueue committed after a dependency's end, or a hook passed their
+-- locked row by): those with a dependency decided but not counted, or none
+-- left to wait for. Held ones (and ones still waiting) are not decided
+-- again, so a backlog of them does not hide the rest. It looks at up to
+-- p_scan waiting dependents after job id p_after (the caller goes round
+-- the table a page per call: a sweep's cost stays bounded however many
+-- wait). settled: how many it released or cancelled; next_after: where
+-- the next call starts (0: from the start again). Passes locked rows by.
+-- Called by the runner's maintenance, in its own transaction.
+CREATE OR REPLACE FUNCTION pgfifo.release_dependents(
+    p_after        bigint,
+    p_scan         integer,
+    OUT settled    integer,
+    OUT next_after bigint
+)
 LANGUAGE plpgsql
+-- Short queries: compiling them would cost more than running them.
+SET jit = off
 AS $$
 DECLARE
-    v_due bigint[];
+    v_last bigint;
+    v_n    bigint;
+    v_due  bigint[];
 BEGIN
+    settled := 0;
+    next_after := 0;
     IF to_regclass('pgfifo.job_wait') IS NULL THEN
-        RETURN 0;
+        RETURN;
     END IF;
+    -- The page: job ids from p_after (excluded) to v_last (included).
+    SELECT max(p.job_id), count(*) INTO v_last, v_n
+    FROM (SELECT w.job_id FROM pgfifo.job_wait AS w
+          WHERE w.job_id > coalesce(p_after, 0) ORDER BY w.job_id LIMIT p_scan) AS p;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF v_n = p_scan THEN
+        next_after := v_last;
+    END IF;
+    -- Each dependent's edges in one pass (an index scan of its edges and
+    -- a look-up of each dependency job; dependency_state only for batches,
+    -- whose edges are few): no plan here reads a whole table.
     v_due := ARRAY(
         SELECT w.job_id FROM pgfifo.job_wait AS w
-        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.job_dependency AS d
-                          WHERE d.job_id = w.job_id AND NOT d.satisfied)
-           OR EXISTS (SELECT 1 FROM pgfifo.job_dependency AS d
-                      CROSS JOIN LATERAL pgfifo.dependency_state(d.dep_job_id, d.dep_batch_id) AS s(st)
-                      WHERE d.job_id = w.job_id AND NOT d.satisfied
-                        AND (s.st = 'done'
-                             OR (s.st = 'failed'
+        CROSS JOIN LATERAL (
+            SELECT count(*) FILTER (WHERE NOT d.satisfied) AS open,
+                   coalesce(bool_or(
+                       CASE WHEN d.satisfied THEN false
+                            WHEN d.dep_job_id IS NOT NULL
+                            -- A job that ended: any, unless this one is
+                            -- held already (then only a success counts).
+                            THEN coalesce(j.state, 'gone') <> 'queued'
                                  AND (w.on_failure <> 'hold'
-                                      OR (w.blocked_by_job IS NULL AND w.blocked_by_batch IS NULL)))))
-           OR (w.blocked_by_job IS NOT NULL
-               AND pgfifo.dependency_state(w.blocked_by_job, NULL) <> 'failed')
-           OR (w.blocked_by_batch IS NOT NULL
-               AND pgfifo.dependency_state(NULL, w.blocked_by_batch) <> 'failed')
-        ORDER BY w.job_id
-        LIMIT p_limit);
-    IF cardinality(v_due) = 0 THEN
-        RETURN 0;
+                                      OR (w.blocked_by_job IS NULL AND w.blocked_by_batch IS NULL)
+                                      OR j.state = 'succeeded')
+                            ELSE pgfifo.dependency_state(NULL, d.dep_batch_id) = 'done'
+                                 OR (pgfifo.dependency_state(NULL, d.dep_batch_id) = 'failed'
+                                     AND (w.on_failure <> 'hold'
+                                          OR (w.blocked_by_job IS NULL AND w.blocked_by_batch IS NULL)))
+                       END), false) AS decided
+            FROM pgfifo.job_dependency AS d
+            LEFT JOIN pgfifo.job AS j ON j.id = d.dep_job_id
+            WHERE d.job_id = w.job_id) AS e
+        WHERE w.job_id > coalesce(p_after, 0) AND w.job_id <= v_last
+          AND (e.open = 0 OR e.decided
+               -- A held one whose failed dependency was retried.
+               OR (w.blocked_by_job IS NOT NULL
+                   AND (SELECT j.state FROM pgfifo.job AS j WHERE j.id = w.blocked_by_job)
+                       IN ('queued', 'succeeded'))
+               OR (w.blocked_by_batch IS NOT NULL
+                   AND pgfifo.dependency_state(NULL, w.blocked_by_batch) <> 'failed'))
+        ORDER BY w.job_id);
+    IF cardinality(v_due) > 0 THEN
+        settled := pgfifo.dependency_settle(v_due, false);
     END IF;
-    RETURN pgfifo.dependency_settle(v_due, false);
 END
 $$;
 
@@ -285,6 +342,8 @@ CREATE OR REPLACE FUNCTION pgfifo.enqueue_after(
     p_dep_batch    bigint[]
 ) RETURNS bigint[]
 LANGUAGE plpgsql
+-- Short queries: compiling them would cost more than running them.
+SET jit = off
 AS $$
 DECLARE
     v_n       integer := coalesce(cardinality(p_queue), 0);
@@ -339,54 +398,60 @@ BEGIN
                   DETAIL = CASE WHEN v_bad.j IS NOT NULL THEN 'job ' || v_bad.j ELSE 'batch ' || v_bad.b END;
     END IF;
     -- Each edge's state now, and each row's fate: 'plain' (no edges, or all
-    -- done), 'wait' or 'cancel'.
+    -- done), 'wait' or 'cancel'. (Rows and edges are joined by position
+    -- through unnest: a subscript of a text array, or of one with NULLs,
+    -- inside a query walks the array, which would make a large call
+    -- quadratic.)
     v_st := ARRAY(SELECT pgfifo.dependency_state(t.j, t.b)
                   FROM unnest(p_dep_job, p_dep_batch) WITH ORDINALITY AS t(j, b, k) ORDER BY t.k);
     v_fate := ARRAY(
         SELECT CASE
-                   WHEN bool_or(e.st = 'failed') AND v_policy[i] = 'cancel' THEN 'cancel'
-                   WHEN bool_and(e.st = 'done' OR (e.st = 'failed' AND v_policy[i] = 'run'))
+                   WHEN bool_or(e.st = 'failed') AND r.policy = 'cancel' THEN 'cancel'
+                   WHEN bool_and(e.st = 'done' OR (e.st = 'failed' AND r.policy = 'run'))
                         OR count(e.st) = 0 THEN 'plain'
                    ELSE 'wait' END
-        FROM generate_series(1, v_n) AS i
-        LEFT JOIN unnest(p_dep_row, v_st) AS e(r, st) ON e.r = i
-        GROUP BY i ORDER BY i);
+        FROM unnest(v_policy) WITH ORDINALITY AS r(policy, i)
+        LEFT JOIN unnest(p_dep_row, v_st) AS e(r, st) ON e.r = r.i
+        GROUP BY r.i, r.policy ORDER BY r.i);
     v_own_at := ARRAY(SELECT CASE WHEN t.at IS NULL AND t.dl IS NULL THEN NULL
                                   ELSE pgfifo.run_after(t.at, t.dl) END
                       FROM unnest(p_run_at_us, p_delay_us) WITH ORDINALITY AS t(at, dl, i) ORDER BY i);
-    FOR v_i IN 1 .. v_n LOOP
-        IF v_fate[v_i] <> 'plain' THEN
-            v_run_at[v_i] := v_wait_us;
-            v_delay[v_i] := NULL;
-        END IF;
-    END LOOP;
+    v_run_at := ARRAY(SELECT CASE WHEN t.f = 'plain' THEN t.at ELSE v_wait_us END
+                      FROM unnest(v_fate, p_run_at_us) WITH ORDINALITY AS t(f, at, i) ORDER BY i);
+    v_delay := ARRAY(SELECT CASE WHEN t.f = 'plain' THEN t.dl END
+                     FROM unnest(v_fate, p_delay_us) WITH ORDINALITY AS t(f, dl, i) ORDER BY i);
     v_ids := pgfifo.enqueue(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
                             NULL, v_run_at, v_delay);
     INSERT INTO pgfifo.job_wait (job_id, on_failure, run_after)
-    SELECT v_ids[i], v_policy[i], v_own_at[i] FROM generate_series(1, v_n) AS i
-    WHERE v_fate[i] = 'wait';
+    SELECT r.id, r.policy, r.own_at
+    FROM unnest(v_ids, v_policy, v_fate, v_own_at) AS r(id, policy, fate, own_at)
+    WHERE r.fate = 'wait';
     INSERT INTO pgfifo.job_dependency (job_id, dep_job_id, dep_batch_id, satisfied)
-    SELECT v_ids[e.r], e.j, e.b, e.st = 'done' OR (e.st = 'failed' AND v_policy[e.r] = 'run')
+    SELECT r.id, e.j, e.b, e.st = 'done' OR (e.st = 'failed' AND r.policy = 'run')
     FROM unnest(p_dep_row, p_dep_job, p_dep_batch, v_st) AS e(r, j, b, st)
-    WHERE v_fate[e.r] = 'wait';
+    JOIN unnest(v_ids, v_policy, v_fate) WITH ORDINALITY AS r(id, policy, fate, i) ON r.i = e.r
+    WHERE r.fate = 'wait';
     -- Held ones say by what; cancelled ones are created ended (their
     -- groups' wake rows find nothing to run, or a head to move on).
     UPDATE pgfifo.job_wait AS w SET blocked_by_job = f.j, blocked_by_batch = f.b
-    FROM (SELECT DISTINCT ON (e.r) e.r, e.j, e.b
+    FROM (SELECT DISTINCT ON (r.id) r.id, e.j, e.b
           FROM unnest(p_dep_row, p_dep_job, p_dep_batch, v_st) AS e(r, j, b, st)
-          WHERE e.st = 'failed' AND v_policy[e.r] = 'hold' AND v_fate[e.r] = 'wait'
-          ORDER BY e.r, e.j, e.b) AS f
-    WHERE w.job_id = v_ids[f.r];
+          JOIN unnest(v_ids, v_policy, v_fate) WITH ORDINALITY AS r(id, policy, fate, i) ON r.i = e.r
+          WHERE e.st = 'failed' AND r.policy = 'hold' AND r.fate = 'wait'
+          ORDER BY r.id, e.j, e.b) AS f
+    WHERE w.job_id = f.id;
     UPDATE pgfifo.job AS j
     SET state = 'cancelled', finished_at = now(),
-        last_error = (SELECT CASE WHEN e.j IS NOT NULL
-                                  THEN format('dependency job %s %s', e.j,
-                                              (SELECT x.state FROM pgfifo.job AS x WHERE x.id = e.j))
-                                  ELSE format('dependency batch %s completed without success', e.b) END
-                      FROM unnest(p_dep_row, p_dep_job, p_dep_batch, v_st) AS e(r, j, b, st)
-                      WHERE e.r = i.i AND e.st = 'failed' ORDER BY e.j, e.b LIMIT 1)
-    FROM generate_series(1, v_n) AS i(i)
-    WHERE v_fate[i.i] = 'cancel' AND j.id = v_ids[i.i];
+        last_error = CASE WHEN f.j IS NOT NULL
+                          THEN format('dependency job %s %s', f.j,
+                                      (SELECT x.state FROM pgfifo.job AS x WHERE x.id = f.j))
+                          ELSE format('dependency batch %s completed without success', f.b) END
+    FROM (SELECT DISTINCT ON (r.id) r.id, e.j, e.b
+          FROM unnest(p_dep_row, p_dep_job, p_dep_batch, v_st) AS e(r, j, b, st)
+          JOIN unnest(v_ids, v_fate) WITH ORDINALITY AS r(id, fate, i) ON r.i = e.r
+          WHERE e.st = 'failed' AND r.fate = 'cancel'
+          ORDER BY r.id, e.j, e.b) AS f
+    WHERE j.id = f.id;
     RETURN v_ids;
 END
 $$;
