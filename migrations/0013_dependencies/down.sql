@@ -1,7 +1,7 @@
 -- Reverts 0013_dependencies: the dependencies' tables go, with the
--- functions that read them (18_dependencies.sql). The functions of the hot
--- path stay: they call into dependencies only while pgfifo.job_dependency
--- exists. Jobs still waiting stay queued with their far-future run_after:
+-- functions that read them (18_dependencies.sql, 19_dependencies_api.sql).
+-- The functions of the hot path stay: they call into dependencies only
+-- while pgfifo.job_dependency exists. Jobs still waiting stay queued with their far-future run_after:
 -- an operator releases or cancels them (docs/batches.md).
 DROP FUNCTION IF EXISTS pgfifo.enqueue_after(text[], text[], text[], jsonb[], smallint[], integer[], bigint[], bigint[], text[], integer[], bigint[], bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.add_job_after(text, text, jsonb, bigint[], bigint[], text, text, timestamptz, interval, integer, integer);

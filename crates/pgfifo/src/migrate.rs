@@ -168,6 +168,7 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "16_queue_limits.sql",
     "17_batches.sql",
     "18_dependencies.sql",
+    "19_dependencies_api.sql",
     "20_promote.sql",
     "30_advance_head.sql",
     "40_pick.sql",
