@@ -206,3 +206,42 @@ async fn add_job_after_enqueues_a_dependent_from_sql() {
     );
     assert_eq!(db.scalar("SELECT count(*) FROM pgfifo.job").await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_drain_runs_a_chain_and_leaves_a_dependent_of_another_queue_waiting() {
+    use pgfifo::testing::Drain;
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let a = pgfifo::enqueue_batch(&mut conn, [job(1, EnqueueOptions::group("a"))])
+        .await
+        .unwrap()[0];
+    let b = pgfifo::enqueue_batch(
+        &mut conn,
+        [job(2, EnqueueOptions::group("b").depends_on([a]))],
+    )
+    .await
+    .unwrap()[0];
+    // A dependency in a queue the drain does not run.
+    let other = pgfifo::enqueue_batch(
+        &mut conn,
+        [job(3, EnqueueOptions::group("x").queue("elsewhere"))],
+    )
+    .await
+    .unwrap()[0];
+    let c = pgfifo::enqueue_batch(
+        &mut conn,
+        [job(4, EnqueueOptions::group("c").depends_on([other]))],
+    )
+    .await
+    .unwrap()[0];
+    drop(conn);
+    let summary = Drain::queue("dependencies_sql")
+        .with_scheduled(true)
+        .run(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(summary.order("a"), vec![a], "{}", summary.describe());
+    assert_eq!(summary.order("b"), vec![b], "{}", summary.describe());
+    assert!(summary.order("c").is_empty(), "{}", summary.describe());
+    assert_eq!(db.job_state(c).await, "queued 0");
+}
