@@ -18,6 +18,7 @@ mod dedup_windows;
 mod dedup_windows_races;
 mod dedup_windows_sql;
 mod dedup_windows_wide;
+mod dependencies_sql;
 mod enqueue_activation;
 mod enqueue_api;
 mod enqueue_interleavings;
@@ -38,6 +39,8 @@ mod batching;
 mod burst;
 mod contention;
 mod crashes;
+mod dependencies;
+mod dependencies_races;
 mod exclusivity_fifo;
 mod group_concurrency;
 mod group_controls;
@@ -91,6 +94,7 @@ mod dashboard_batches;
 mod dashboard_browser;
 mod dashboard_security;
 mod dashboard_support;
+mod dependencies_views;
 
 // A real browser (headless Chromium) against a page the test serves.
 mod browser_smoke;

@@ -450,6 +450,18 @@ async fn the_documented_signatures_are_installed() {
         Some("jobs jsonb -> bigint[]")
     );
     assert_eq!(
+        db.text(&signature("add_job_after")).await.as_deref(),
+        Some(
+            "kind text, queue text, payload jsonb, depends_on bigint[] DEFAULT NULL::bigint[], \
+             after_batches bigint[] DEFAULT NULL::bigint[], \
+             on_dependency_failure text DEFAULT 'cancel'::text, group_id text DEFAULT NULL::text, \
+             run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, \
+             delay interval DEFAULT NULL::interval, priority integer DEFAULT NULL::integer, \
+             max_attempts integer DEFAULT NULL::integer \
+             -> bigint"
+        )
+    );
+    assert_eq!(
         db.text(&signature("add_job_outcome")).await.as_deref(),
         Some(
             "kind text, queue text, payload jsonb, group_id text DEFAULT NULL::text, \

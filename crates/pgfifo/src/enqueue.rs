@@ -8,8 +8,9 @@ use diesel_async::AsyncPgConnection;
 use crate::db;
 use crate::db::enqueue::EnqueueArrays;
 use crate::names::{validate_group, validate_queue, MAX_GROUP_LEN};
-use crate::{Error, JobId, Result};
+use crate::{BatchId, Dependency, DependencyFailure, Error, JobId, Result};
 
+mod after;
 mod window;
 pub use window::{enqueue_batch_outcomes, EnqueueOutcome, Enqueued, Window, WindowMode};
 
@@ -38,6 +39,8 @@ pub struct EnqueueOptions {
     delay: Option<Duration>,
     window: Option<Window>,
     windows_given: u8,
+    dependencies: Vec<Dependency>,
+    on_dependency_failure: Option<DependencyFailure>,
 }
 
 impl EnqueueOptions {
@@ -97,6 +100,36 @@ impl EnqueueOptions {
         self.run_at = None;
         self
     }
+
+    /// Do not start the job before the jobs `ids` have succeeded (added to
+    /// those given before). They must exist: an unknown id is
+    /// [`Error::DependencyNotFound`], and nothing is enqueued. A waiting
+    /// job holds its group like a delayed job: later jobs of the group wait
+    /// behind it (FIFO). If one fails for good, is cancelled or skipped,
+    /// [`on_dependency_failure`](Self::on_dependency_failure) decides. Not
+    /// with a unique key, a de-duplication window or in a
+    /// [`Batch`](crate::Batch). See `docs/batches.md`, "Dependencies".
+    pub fn depends_on(mut self, ids: impl IntoIterator<Item = JobId>) -> Self {
+        self.dependencies
+            .extend(ids.into_iter().map(Dependency::Job));
+        self
+    }
+
+    /// Do not start the job before batch `batch` has succeeded (it is
+    /// closed and every job of it succeeded), like
+    /// [`depends_on`](Self::depends_on). A batch that completes otherwise
+    /// counts as a failed dependency.
+    pub fn after_batch(mut self, batch: BatchId) -> Self {
+        self.dependencies.push(Dependency::Batch(batch));
+        self
+    }
+
+    /// What the job does when a dependency fails for good, is cancelled or
+    /// skipped: [`DependencyFailure::Cancel`] unless set.
+    pub fn on_dependency_failure(mut self, policy: DependencyFailure) -> Self {
+        self.on_dependency_failure = Some(policy);
+        self
+    }
 }
 
 impl EnqueueOptions {
@@ -135,6 +168,14 @@ impl EnqueueOptions {
                 "key": w.key, "mode": w.mode.as_str(), "period_us": micros(w.period),
             });
         }
+        if !self.dependencies.is_empty() {
+            json["dependencies"] = self.dependencies.iter().map(ToString::to_string).collect();
+            json["on_dependency_failure"] = self
+                .on_dependency_failure
+                .unwrap_or_default()
+                .as_str()
+                .into();
+        }
         json
     }
 }
@@ -153,6 +194,8 @@ pub struct NewJob {
     run_at_us: Option<i64>,
     delay_us: Option<i64>,
     window: Option<(Window, i64)>,
+    dependencies: Vec<Dependency>,
+    on_dependency_failure: DependencyFailure,
 }
 
 /// What [`NewJob`] takes from the job's type: its kind and its defaults.
@@ -206,6 +249,12 @@ impl NewJob {
                 defaults.kind
             )));
         }
+        if !options.dependencies.is_empty() && (options.unique_key.is_some() || window.is_some()) {
+            return Err(Error::InvalidOption(format!(
+                "a job with dependencies ({}) cannot have a unique key or a de-duplication window",
+                defaults.kind
+            )));
+        }
         let run_at_us = options.run_at.map(micros_since_epoch).transpose()?;
         let delay_us = options
             .delay
@@ -225,6 +274,8 @@ impl NewJob {
             run_at_us,
             delay_us,
             window,
+            dependencies: options.dependencies,
+            on_dependency_failure: options.on_dependency_failure.unwrap_or_default(),
         })
     }
 
@@ -257,6 +308,12 @@ impl NewJob {
         if self.unique_key.is_some() || self.window.is_some() {
             return Err(Error::InvalidOption(format!(
                 "{what} ({}) cannot have a unique key or a de-duplication window",
+                self.kind
+            )));
+        }
+        if !self.dependencies.is_empty() {
+            return Err(Error::InvalidOption(format!(
+                "{what} ({}) cannot have dependencies",
                 self.kind
             )));
         }
@@ -296,6 +353,9 @@ pub async fn enqueue_batch(
     jobs: impl IntoIterator<Item = NewJob>,
 ) -> Result<Vec<JobId>> {
     let jobs: Vec<NewJob> = jobs.into_iter().collect();
+    if after::any_dependency(&jobs) {
+        return after::run(conn, jobs).await;
+    }
     if window::any_window(&jobs) {
         return Ok(window::run(conn, jobs).await?.0);
     }

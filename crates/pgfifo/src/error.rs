@@ -162,6 +162,11 @@ pub enum Error {
     /// [`batch::add`](crate::batch::add)).
     #[error("batch {0} is closed: no job can be added")]
     BatchClosed(crate::BatchId),
+    /// A dependency of an enqueued job does not exist (see
+    /// [`EnqueueOptions::depends_on`](crate::EnqueueOptions::depends_on)):
+    /// nothing was enqueued.
+    #[error("the dependency {0} does not exist")]
+    DependencyNotFound(crate::Dependency),
 }
 
 impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for Error {
@@ -183,6 +188,12 @@ impl From<diesel::result::Error> for Error {
                 match detail(&err).and_then(|d| d.parse().ok()) {
                     Some(id) if refusal == Refusal::BatchMissing => Error::BatchNotFound(id),
                     Some(id) => Error::BatchClosed(id),
+                    None => Error::Database(err),
+                }
+            }
+            Some(Refusal::DependencyMissing) => {
+                match detail(&err).and_then(crate::Dependency::parse) {
+                    Some(dependency) => Error::DependencyNotFound(dependency),
                     None => Error::Database(err),
                 }
             }

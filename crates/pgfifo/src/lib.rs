@@ -54,6 +54,7 @@ mod controls;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
 pub mod db;
+mod dependency;
 mod enqueue;
 mod error;
 mod handler;
@@ -80,6 +81,7 @@ pub use controls::{
     MAX_RATE_PERIOD,
 };
 pub use db::{connect, connect_with, ConnectOptions, Pool};
+pub use dependency::{Dependency, DependencyFailure};
 /// The diesel version pgfifo is built on, for handlers that use the job's connection.
 pub use diesel;
 /// The diesel-async version pgfifo is built on (`AsyncPgConnection`, `RunQueryDsl`).

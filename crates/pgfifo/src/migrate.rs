@@ -134,6 +134,13 @@ pub const MIGRATIONS: &[Migration] = &[
         up: include_str!("../migrations/0012_batches/up.sql"),
         down: include_str!("../migrations/0012_batches/down.sql"),
     },
+    Migration {
+        version: 13,
+        name: "dependencies",
+        release: "0.3.0",
+        up: include_str!("../migrations/0013_dependencies/up.sql"),
+        down: include_str!("../migrations/0013_dependencies/down.sql"),
+    },
 ];
 
 /// One source file of the schema's functions.
@@ -160,6 +167,8 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "15_controls.sql",
     "16_queue_limits.sql",
     "17_batches.sql",
+    "18_dependencies.sql",
+    "19_dependencies_api.sql",
     "20_promote.sql",
     "30_advance_head.sql",
     "40_pick.sql",

@@ -117,6 +117,10 @@ fn group_detail(g: &GroupInfo) -> String {
         GroupState::Scheduled => {
             format!("scheduled for {}", or_dash(g.waiting_until.map(time)))
         }
+        GroupState::Waiting => match &g.dependency_wait {
+            Some(wait) => format!("head {}: {wait}", or_dash(g.head)),
+            None => format!("head {} waits for its dependencies", or_dash(g.head)),
+        },
         GroupState::Snoozed => format!(
             "snoozed until {}, by job {}",
             or_dash(g.snoozed_until.map(time)),
@@ -226,6 +230,10 @@ fn render_job(job: &JobDetail) -> String {
         ("unique key", or_dash(job.unique_key.as_deref())),
         ("group head", yes_no(job.is_head)),
         ("window", window(job)),
+        (
+            "waiting",
+            or_dash(job.dependency_wait.as_ref().map(ToString::to_string)),
+        ),
         (
             "created",
             format!("{} ({} ago)", time(j.created_at), ago(j.created_at)),

@@ -7,6 +7,7 @@ use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 
 use super::controls::{rate_of, ser_opt_rate};
+use super::dependencies::{dependency_waits, DependencyWait, WAIT_AT_US};
 use super::queue_usage::{self, QueueWait};
 use crate::db;
 use crate::db::admin::inspect::{GroupFilter, GroupRow};
@@ -28,6 +29,9 @@ pub enum GroupState {
     Running,
     /// Its head was enqueued to run later.
     Scheduled,
+    /// Its head waits for its dependencies ([`GroupInfo::dependency_wait`]
+    /// says which).
+    Waiting,
     /// Blocked: its head failed and waits for its next retry.
     Retrying,
     /// Blocked: its head failed for good and the queue's failure policy is
@@ -105,6 +109,9 @@ pub struct GroupInfo {
     /// let it start, and it waits for a runner's turn). Read at the moment
     /// of the listing: a slot or token can come free the next moment.
     pub queue_wait: Option<QueueWait>,
+    /// Why its head waits for its dependencies (only in state
+    /// [`Waiting`](GroupState::Waiting)): "waiting for jobs 17 and 18".
+    pub dependency_wait: Option<DependencyWait>,
 }
 
 /// The order [`groups`] lists groups in.
@@ -154,6 +161,9 @@ fn state_of(row: &GroupRow) -> GroupState {
         (Some(_), false) => GroupState::Held,
         (Some(_), true) if row.head_started => GroupState::Running,
         (Some(_), true) if row.waiting && row.snoozed_until_us.is_some() => GroupState::Snoozed,
+        (Some(_), true) if row.waiting && row.ready_at_us.is_some_and(|at| at >= WAIT_AT_US) => {
+            GroupState::Waiting
+        }
         (Some(_), true) if row.waiting && row.head_attempts.unwrap_or(0) > 0 => {
             GroupState::Retrying
         }
@@ -200,7 +210,7 @@ pub async fn groups(
             }
         };
         let wait = queue_wait(conn, queue).await?;
-        Ok(rows.into_iter().map(|row| info(row, wait)).collect())
+        with_dependency_waits(conn, rows.into_iter().map(|row| info(row, wait)).collect()).await
     })
     .await
 }
@@ -223,10 +233,12 @@ pub async fn group(
         };
         let rows = db::admin::inspect::groups(conn, queue, filter).await?;
         let wait = queue_wait(conn, queue).await?;
-        Ok(rows
+        let found: Vec<GroupInfo> = rows
             .into_iter()
-            .find(|row| row.group_id == group)
-            .map(|row| info(row, wait)))
+            .filter(|row| row.group_id == group)
+            .map(|row| info(row, wait))
+            .collect();
+        Ok(with_dependency_waits(conn, found).await?.pop())
     })
     .await
 }
@@ -237,6 +249,26 @@ async fn queue_wait(conn: &mut AsyncPgConnection, queue: &str) -> Result<Option<
     Ok(queue_usage::read(conn, queue)
         .await?
         .and_then(|usage| usage.wait()))
+}
+
+/// `groups` with why their heads wait for dependencies, in one query.
+async fn with_dependency_waits(
+    conn: &mut AsyncPgConnection,
+    mut groups: Vec<GroupInfo>,
+) -> Result<Vec<GroupInfo>> {
+    let heads: Vec<JobId> = groups
+        .iter()
+        .filter(|g| g.state == GroupState::Waiting)
+        .filter_map(|g| g.head)
+        .collect();
+    if heads.is_empty() {
+        return Ok(groups);
+    }
+    let waits = dependency_waits(conn, &heads).await?;
+    for group in &mut groups {
+        group.dependency_wait = waits.iter().find(|w| Some(w.job) == group.head).cloned();
+    }
+    Ok(groups)
 }
 
 /// A listed group, from its row, with `wait` if its head is ready.
@@ -259,6 +291,7 @@ fn info(row: GroupRow, wait: Option<QueueWait>) -> GroupInfo {
         running: row.running,
         own_limits: row.own_limits,
         queue_wait: wait.filter(|_| state == GroupState::Ready),
+        dependency_wait: None,
         head_error: matches!(state, GroupState::Retrying | GroupState::Held)
             .then(|| row.head_error.clone())
             .flatten(),

@@ -21,6 +21,8 @@ pub enum JobStatus {
     Queued,
     /// Enqueued to run later.
     Scheduled,
+    /// Waits for its dependencies ([`JobDetail::dependency_wait`] says which).
+    Waiting,
     /// An attempt started and has no outcome yet (after a crash, until the
     /// job runs again).
     Running,
@@ -141,6 +143,9 @@ pub struct JobDetail {
     pub window: Option<JobWindow>,
     /// Every recorded attempt, oldest first.
     pub attempt_log: Vec<AttemptInfo>,
+    /// Why it waits for its dependencies (status
+    /// [`Waiting`](JobStatus::Waiting)): "waiting for jobs 17 and 18".
+    pub dependency_wait: Option<super::DependencyWait>,
 }
 
 /// The de-duplication window a job carries (while its key row is kept:
@@ -189,6 +194,7 @@ impl From<JobRow> for JobSummary {
                 "running" => JobStatus::Running,
                 "retrying" => JobStatus::Retrying,
                 "scheduled" => JobStatus::Scheduled,
+                "waiting" => JobStatus::Waiting,
                 "succeeded" => JobStatus::Succeeded,
                 "failed" => JobStatus::Failed,
                 "cancelled" => JobStatus::Cancelled,
@@ -289,8 +295,14 @@ pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDe
                 until: from_micros(w.until_us),
                 holds: w.holds,
             });
+        let summary: JobSummary = row.job.into();
+        let dependency_wait = if summary.status == JobStatus::Waiting {
+            super::dependency_waits(conn, &[id]).await?.pop()
+        } else {
+            None
+        };
         Ok(Some(JobDetail {
-            summary: row.job.into(),
+            summary,
             payload: row.payload,
             result: row.result,
             priority: row.priority,
@@ -298,6 +310,7 @@ pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDe
             is_head: row.is_head,
             window,
             attempt_log,
+            dependency_wait,
         }))
     })
     .await

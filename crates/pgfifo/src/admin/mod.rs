@@ -15,6 +15,7 @@
 //! | groups of a queue and why one is blocked | [`groups`], [`group`] |
 //! | the runners alive now, jobs finished per minute | [`runners`], [`throughput`] |
 //! | list and inspect jobs, a group's recent history | [`jobs`], [`job`], [`group_history`] |
+//! | why jobs wait for their dependencies | [`dependency_waits`] |
 //! | put failed jobs back, in order | [`retry_jobs`], [`retry_failed`] |
 //! | cancel a job, skip a group's head | [`cancel_job`], [`skip_head`] |
 //! | pause and resume a queue or one group | [`pause_queue`], [`pause_group`], … |
@@ -42,6 +43,7 @@
 
 mod batches;
 mod controls;
+mod dependencies;
 mod groups;
 mod jobs;
 mod ops;
@@ -58,6 +60,7 @@ pub use controls::{
     change_group_limits, limits, limits_of, reset_default_group_limits, reset_group_limits,
     set_default_group_limits, set_group_limits, SetLimits,
 };
+pub use dependencies::{dependency_waits, DependencyWait};
 pub use groups::{group, groups, GroupInfo, GroupOrder, GroupQuery, GroupState};
 pub use jobs::{
     group_history, job, jobs, AttemptInfo, JobDetail, JobQuery, JobStateFilter, JobStatus,

@@ -134,6 +134,7 @@ pub(crate) fn group_badge(state: GroupState) -> Markup {
         GroupState::Ready => "ready",
         GroupState::Running => "running",
         GroupState::Scheduled => "scheduled",
+        GroupState::Waiting => "waiting",
         GroupState::Retrying => "retrying",
         GroupState::Held => "held",
         GroupState::Paused => "paused",
@@ -148,6 +149,7 @@ pub(crate) fn job_badge(status: JobStatus) -> Markup {
     let name = match status {
         JobStatus::Queued => "queued",
         JobStatus::Scheduled => "scheduled",
+        JobStatus::Waiting => "waiting",
         JobStatus::Running => "running",
         JobStatus::Retrying => "retrying",
         JobStatus::Succeeded => "succeeded",

@@ -28,16 +28,20 @@ pub(crate) enum Refusal {
     /// `pgfifo_batch_closed` (55000): the batch in the error's detail is
     /// closed.
     BatchClosed,
+    /// `pgfifo_dependency_missing` (23503): a dependency of an enqueued job
+    /// does not exist; the error's detail names it (`job 17`, `batch 5`).
+    DependencyMissing,
 }
 
 impl Refusal {
-    const ALL: [(Refusal, &'static str); 6] = [
+    const ALL: [(Refusal, &'static str); 7] = [
         (Refusal::ReadCommitted, "pgfifo_read_committed"),
         (Refusal::JobTransaction, "pgfifo_job_transaction"),
         (Refusal::GroupBusy, "pgfifo_group_busy"),
         (Refusal::UniqueKeyBusy, "pgfifo_unique_key_busy"),
         (Refusal::BatchMissing, "pgfifo_batch_missing"),
         (Refusal::BatchClosed, "pgfifo_batch_closed"),
+        (Refusal::DependencyMissing, "pgfifo_dependency_missing"),
     ];
 }
 

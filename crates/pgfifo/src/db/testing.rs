@@ -93,13 +93,17 @@ pub(crate) async fn newest_job(conn: &mut AsyncPgConnection) -> diesel::QueryRes
 /// delayed jobs and retries (`run_after`), groups waiting for their head's
 /// time or a snooze (`ready_at`), and snoozes (`group_snooze.until`, which
 /// the group's `ready_at` carries). A group that waits only for its rate
-/// limit's next token is left alone: the pick would push it back again.
+/// limit's next token is left alone: the pick would push it back again. So
+/// is a dependent waiting for its dependencies (its run_after is
+/// `pgfifo.dependency_wait_at()`, 9999-12-31, spelt out here so that the
+/// statement also runs on a schema without it): it is not waiting for a time.
 /// Autocommit (each part sees the rows as they were before the statement).
 /// Returns how many rows it moved.
 const MAKE_DUE: &str = "WITH jobs AS ( \
                             UPDATE pgfifo.job SET run_after = now() \
                             WHERE queue = $1 AND ($2::text IS NULL OR group_id = $2) \
-                              AND state = 'queued' AND run_after > now() RETURNING 1), \
+                              AND state = 'queued' AND run_after > now() \
+                              AND run_after < '9999-12-31 00:00:00+00' RETURNING 1), \
                         snoozes AS ( \
                             UPDATE pgfifo.group_snooze SET until = now() \
                             WHERE queue = $1 AND ($2::text IS NULL OR group_id = $2) \
@@ -109,7 +113,8 @@ const MAKE_DUE: &str = "WITH jobs AS ( \
                             WHERE g.queue = $1 AND ($2::text IS NULL OR g.group_id = $2) \
                               AND g.ready_at > now() \
                               AND (EXISTS (SELECT 1 FROM pgfifo.job AS h \
-                                           WHERE h.id = g.head_id AND h.run_after > now()) \
+                                           WHERE h.id = g.head_id AND h.run_after > now() \
+                                             AND h.run_after < '9999-12-31 00:00:00+00') \
                                    OR EXISTS (SELECT 1 FROM pgfifo.group_snooze AS z \
                                               WHERE z.queue = g.queue \
                                                 AND z.group_id = g.group_id \

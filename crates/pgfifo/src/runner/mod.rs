@@ -274,6 +274,13 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         };
         tracker.spawn(gauges.run(service.clone()));
     }
+    tracker.spawn(
+        maintenance::Sweep {
+            pool: pool.clone(),
+            round_trip: config.round_trip_timeout,
+        }
+        .run(service.clone()),
+    );
     if let Some(retention) = config.retention.clone() {
         tracker.spawn(maintenance::retention::run(RetentionTask {
             pool: pool.clone(),

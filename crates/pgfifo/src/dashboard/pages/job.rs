@@ -11,7 +11,7 @@ use super::batches::batch_href;
 use super::{conn, Ctx};
 use crate::admin::{self, JobStatus};
 use crate::dashboard::fail::Fail;
-use crate::dashboard::html::{ago, at, group_href, job_badge, pretty, queue_href};
+use crate::dashboard::html::{ago, at, group_href, job_badge, job_href, pretty, queue_href};
 use crate::dashboard::Shared;
 
 fn took(from: SystemTime, to: Option<SystemTime>) -> String {
@@ -46,7 +46,7 @@ pub(crate) async fn page(
                 (form.button("retry", &[("id", s.id.to_string())], "Retry",
                     &format!("Retry job {}? It runs again, first in its group.", s.id), false))
             }
-            @if matches!(s.status, JobStatus::Queued | JobStatus::Scheduled | JobStatus::Retrying) {
+            @if matches!(s.status, JobStatus::Queued | JobStatus::Scheduled | JobStatus::Waiting | JobStatus::Retrying) {
                 (form.button("cancel", &[("id", s.id.to_string())], "Cancel",
                     &format!("Cancel job {}? It will not run.", s.id), true))
             }
@@ -59,7 +59,15 @@ pub(crate) async fn page(
             dt { "priority" } dd { (job.priority) }
             @if let Some(k) = &job.unique_key { dt { "unique key" } dd { (k) } }
             dt { "enqueued" } dd { (at(s.created_at)) }
-            dt { "runs after" } dd { (at(s.run_after)) }
+            @if let Some(w) = &job.dependency_wait {
+                dt { "waiting" } dd #dependency-wait {
+                    (w.to_string())
+                    @for id in &w.jobs { " · " a href=(job_href(&ctx.base, *id)) { "job " (id) } }
+                    @for id in &w.batches { " · " a href=(batch_href(&ctx.base, *id)) { "batch " (id) } }
+                }
+            } @else {
+                dt { "runs after" } dd { (at(s.run_after)) }
+            }
             dt { "finished" } dd { @if let Some(t) = s.finished_at { (at(t)) " (" (took(s.created_at, Some(t))) " after enqueue)" } @else { "–" } }
             dt { "group head" } dd { @if job.is_head { "yes: the next job of its group" } @else { "no" } }
             @if let Some(b) = batch { dt { "batch" } dd { a href=(batch_href(&ctx.base, b)) { "batch " (b) } } }

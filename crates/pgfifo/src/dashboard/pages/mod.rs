@@ -103,6 +103,10 @@ pub(crate) fn reason(g: &GroupInfo) -> String {
             Some(t) => format!("{head} is scheduled: starts in {}", super::html::ago(super::html::until(t))),
             None => format!("{head} is scheduled"),
         },
+        GroupState::Waiting => match &g.dependency_wait {
+            Some(wait) => format!("{head}: {wait}"),
+            None => format!("{head} waits for its dependencies"),
+        },
         GroupState::Retrying => match g.waiting_until {
             Some(t) => format!(
                 "{head} failed {attempts}, next try in {}{error}",

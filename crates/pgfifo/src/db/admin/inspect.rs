@@ -312,6 +312,7 @@ macro_rules! job_columns {
          CASE WHEN j.state <> 'queued' THEN j.state
               WHEN EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
                            WHERE a.job_id = j.id AND a.attempt > j.attempts) THEN 'running'
+              WHEN j.run_after >= '9999-12-31 00:00:00+00' THEN 'waiting'
               WHEN j.run_after > now() AND j.attempts > 0 THEN 'retrying'
               WHEN j.run_after > now() THEN 'scheduled'
               ELSE 'queued' END AS status,

@@ -2,6 +2,7 @@
 //! that change jobs and groups.
 
 pub(crate) mod controls;
+pub(crate) mod dependency;
 pub(crate) mod inspect;
 pub(crate) mod ops;
 pub(crate) mod queue_limits;

@@ -89,6 +89,13 @@ BEGIN
         UPDATE pgfifo.batch_callback SET job_id = v_id
         WHERE batch_id = p_batch AND event = v_cb.event;
     END LOOP;
+    -- Jobs that wait for the batch (18_dependencies.sql; two IFs, see
+    -- complete).
+    IF v_done AND to_regclass('pgfifo.job_dependency') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.job_wait) THEN
+            PERFORM pgfifo.dependency_batch_settled(p_batch);
+        END IF;
+    END IF;
 END
 $$;
 

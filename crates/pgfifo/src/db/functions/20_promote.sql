@@ -99,6 +99,21 @@ BEGIN
                                   WHERE s.queue = v_wake.queue AND s.failure_policy = 'hold');
         END IF;
         CONTINUE WHEN v_group.paused;
+        -- A head that waited for its dependencies (ready_at at
+        -- pgfifo.dependency_wait_at(), spelt out: that function goes with
+        -- `migrate down` below 13) and was cancelled meanwhile, by its
+        -- policy (see 18_dependencies.sql), which does not lock the
+        -- group: ready now, so that the next pick finds a finished head
+        -- and moves it on (advance_head, under the group's locks). (Only
+        -- that time: a head waiting for a rate limit's token keeps it.)
+        IF v_group.ready_at >= '9999-12-31 00:00:00+00'::timestamptz
+           AND v_group.head_id IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
+                           WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
+            UPDATE pgfifo.queue_group SET ready_at = v_now
+            WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+            CONTINUE;
+        END IF;
         SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
         WHERE j.queue = v_wake.queue AND j.group_id = v_wake.group_id AND j.state = 'queued'
         ORDER BY j.id LIMIT 1;

@@ -203,6 +203,17 @@ BEGIN
             PERFORM pgfifo.batch_outcomes(p_ids, p_outcomes);
         END IF;
     END IF;
+    -- Dependencies (migration 0013): the waiting dependents of the jobs
+    -- that ended are released or cancelled, with their job_wait rows
+    -- locked; nothing waits for a group (see 18_dependencies.sql). While
+    -- nobody waits (one probe of pgfifo.job_wait), skipped. A dependent
+    -- whose enqueue has not committed is invisible here: the sweep
+    -- (release_dependents) decides it. (Two IFs, as above.)
+    IF to_regclass('pgfifo.job_dependency') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.job_wait) THEN
+            PERFORM pgfifo.dependency_outcomes(p_ids, p_outcomes);
+        END IF;
+    END IF;
     -- The common case: the group has a next job, which becomes the head (a
     -- HOT update when it is ready at once). Not for retries (the job stays
     -- the head) nor for failures that hold their group. For several jobs, in

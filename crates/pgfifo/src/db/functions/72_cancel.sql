@@ -51,6 +51,12 @@ BEGIN
     IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
         PERFORM pgfifo.batch_outcomes(ARRAY[p_id], ARRAY['cancelled']);
     END IF;
+    -- Its dependents, and its own wait (see 18_dependencies.sql).
+    IF to_regclass('pgfifo.job_dependency') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.job_wait) THEN
+            PERFORM pgfifo.dependency_outcomes(ARRAY[p_id], ARRAY['cancelled']);
+        END IF;
+    END IF;
     IF v_held AND v_head = p_id THEN
         PERFORM pgfifo.advance_head(v_job.queue, v_job.group_id, p_id);
         PERFORM pg_notify('pgfifo', v_job.queue);

@@ -44,6 +44,12 @@ BEGIN
     IF v_skipped > 0 AND v_queued AND to_regclass('pgfifo.batch_job') IS NOT NULL THEN
         PERFORM pgfifo.batch_outcomes(ARRAY[v_head], ARRAY['failed']);
     END IF;
+    -- Its dependents, and its own wait (see 18_dependencies.sql).
+    IF v_skipped > 0 AND v_queued AND to_regclass('pgfifo.job_dependency') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.job_wait) THEN
+            PERFORM pgfifo.dependency_outcomes(ARRAY[v_head], ARRAY['failed']);
+        END IF;
+    END IF;
     PERFORM pgfifo.advance_head(p_queue, p_group, v_head);
     PERFORM pg_notify('pgfifo', p_queue);
     -- A head left pointing at a job that finished (see advance_head) was

@@ -9,17 +9,22 @@
 //!   [`metrics`](super::metrics), read every
 //!   [`RunnerConfig::metrics_interval`](crate::RunnerConfig::metrics_interval);
 //! * retention (`retention.rs`, [`Retention`]): deleting old finished jobs
-//!   and idle groups, in short batches, by one runner at a time.
+//!   and idle groups, in short batches, by one runner at a time;
+//! * the dependencies' sweep (`dependencies.rs`): waiting dependents that
+//!   no completion decided (a dependency that ended before the dependent's
+//!   enqueue committed), every two seconds.
 //!
 //! None of them ever stops the runner: a failure is logged (once, until the
 //! task works again) and the next tick tries again.
 
+mod dependencies;
 mod gauges;
 mod heartbeat;
 pub(crate) mod retention;
 
 use std::time::Duration;
 
+pub(crate) use dependencies::Sweep;
 pub(crate) use gauges::Gauges;
 pub(crate) use heartbeat::Heartbeat;
 pub use retention::Retention;
