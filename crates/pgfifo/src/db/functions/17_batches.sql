@@ -179,27 +179,7 @@ DECLARE
     v_to      integer;
 BEGIN
     -- Each session starts at a shard of its own (by its backend's pid), so
-    -- that runners' lanes mostly keep to different rows. That shard first,
-    -- claimed among completions by a transaction-level advisory lock
-    -- (class 1885824626, 'pgfr'; the key may collide across batches, which
-    -- only sends a completion to the next step), tried without waiting:
-    -- the row is then updated without the row lock that SKIP LOCKED
-    -- takes first (one heap write and WAL record instead of two; about 30
-    -- µs of a completion). The update may wait for a transaction that adds
-    -- jobs to the batch (it holds shard rows), as a wait in (batch, shard)
-    -- order: never a cycle (see the lock order above).
-    IF pg_try_advisory_xact_lock(1885824626, ((p_batch % 33554432) * 64 + v_start)::integer) THEN
-        UPDATE pgfifo.batch_shard AS s
-        SET remaining = s.remaining - p_n, succeeded = s.succeeded + p_s,
-            failed = s.failed + p_f, cancelled = s.cancelled + p_c
-        WHERE s.batch_id = p_batch AND s.shard = v_start AND s.remaining >= p_n
-        RETURNING s.remaining INTO v_left;
-        IF FOUND THEN
-            RETURN CASE WHEN v_left = 0 THEN 1 ELSE 0 END;
-        END IF;
-    END IF;
-    -- Any shard with enough left that no other transaction holds: from
-    -- this session's, then from 0.
+    -- that runners' lanes mostly keep to different rows; then from 0.
     FOR v_from, v_to IN VALUES (v_start, 63), (0, v_start - 1) LOOP
         UPDATE pgfifo.batch_shard AS s
         SET remaining = s.remaining - p_n, succeeded = s.succeeded + p_s,
