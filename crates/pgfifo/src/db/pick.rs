@@ -238,11 +238,11 @@ mod tests {
     use super::PICK;
     use crate::db::statement::placeholders_in_order;
 
-    /// With the feature or without it, the pick binds the same ten values
-    /// and returns the two columns of the trace context.
+    /// With the feature or without it, the pick binds the same eleven
+    /// values and returns the two columns of the trace context.
     #[test]
-    fn the_pick_binds_ten_values_and_returns_the_trace_columns() {
-        assert!(placeholders_in_order(PICK, 10), "{PICK}");
+    fn the_pick_binds_eleven_values_and_returns_the_trace_columns() {
+        assert!(placeholders_in_order(PICK, 11), "{PICK}");
         assert!(PICK.contains("AS traceparent") && PICK.contains("AS tracestate"));
         assert_eq!(
             PICK.contains("pgfifo.job_trace"),
