@@ -174,7 +174,7 @@ pub(crate) async fn pick(
         (
             bind::<Integer, _>(request.batch),
             bind::<Text, _>(array_text(request.finishing_elsewhere)),
-            bind::<Integer, _>(request.slot_batch.max(request.batch)),
+            bind::<Integer, _>(request.slot_batch),
             bind::<Array<Text>, _>(request.queues),
             bind::<Integer, _>(request.turn),
             bind::<Integer, _>(request.sweep_from),

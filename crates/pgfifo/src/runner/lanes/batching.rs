@@ -80,20 +80,22 @@ impl Batching {
     /// runner looks for work and a slot is free (`Board::others_seek`):
     /// one job, the other lanes take the rest.
     pub(super) fn limit(&self, spread: bool) -> i32 {
-        let Some(average) = self.average else {
-            return 1;
-        };
-        if spread {
-            return 1;
+        match self.fit(self.window) {
+            Some(fit) if !spread => fit.min(self.found).max(1) as i32,
+            _ => 1,
         }
+    }
+
+    /// How many handlers of recent run times fit in `window`, from 1 to
+    /// `max_batch`; `None` while handlers take the connection.
+    fn fit(&self, window: Duration) -> Option<usize> {
+        let average = self.average?;
         let fit = if average > 0.0 {
-            self.window.as_secs_f64() / average
+            window.as_secs_f64() / average
         } else {
             f64::INFINITY
         };
-        (fit.clamp(1.0, self.max as f64) as usize)
-            .min(self.found)
-            .max(1) as i32
+        Some(fit.clamp(1.0, self.max as f64) as usize)
     }
 
     /// No handler of a batch picked under a queue's slot starts later than
@@ -122,15 +124,7 @@ impl Batching {
     /// as many as fit in [`Batching::slot_window`], at most `max_batch`.
     /// One while handlers take the connection.
     pub(super) fn slot_batch(&self) -> i32 {
-        let Some(average) = self.average else {
-            return 1;
-        };
-        let fit = if average > 0.0 {
-            self.slot_window().as_secs_f64() / average
-        } else {
-            f64::INFINITY
-        };
-        fit.clamp(1.0, self.max as f64) as i32
+        self.fit(self.slot_window()).unwrap_or(1) as i32
     }
 
     /// A batch's first handler starts: the time since the last batch's
@@ -156,15 +150,7 @@ impl Batching {
     /// held by this lane) and whatever the last picks found (that counts
     /// free groups). One while handlers take the connection.
     pub(super) fn batch(&self) -> i32 {
-        let Some(average) = self.average else {
-            return 1;
-        };
-        let fit = if average > 0.0 {
-            self.window.as_secs_f64() / average
-        } else {
-            f64::INFINITY
-        };
-        fit.clamp(1.0, self.max as f64) as i32
+        self.fit(self.window).unwrap_or(1) as i32
     }
 
     /// A pick asked for `asked` jobs of different groups and found `got`
