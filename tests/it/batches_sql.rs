@@ -61,10 +61,10 @@ async fn complete_uncommitted(conn: &mut AsyncPgConnection, id: i64) {
 
 const CALLBACKS: &str = "SELECT count(*) FROM pgfifo.job WHERE payload = '{\"n\": 99}'::jsonb";
 
-/// Waits until the backend of `other` waits for a lock held by `holder`.
-async fn wait_blocked(db: &TestDb, holder: i32) {
+/// Waits until one backend waits for a lock held by `holder`.
+pub(super) async fn wait_blocked(db: &TestDb, holder: i32) {
     eventually(
-        "the second completion to wait for the batch's row",
+        "a second completion to wait for the first",
         Duration::from_secs(10),
         || async {
             let n = db

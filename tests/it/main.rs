@@ -12,6 +12,7 @@ mod smoke;
 // Enqueue side.
 mod bad_input;
 mod batches;
+mod batches_counting;
 mod batches_retention;
 mod batches_sql;
 mod dedup_windows;

@@ -167,6 +167,7 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "15_controls.sql",
     "16_queue_limits.sql",
     "17_batches.sql",
+    "17_batches_take.sql",
     "18_dependencies.sql",
     "19_dependencies_api.sql",
     "20_promote.sql",
@@ -193,8 +194,7 @@ pub fn latest_version() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// The release that introduced schema version `version`, if this library
-/// knows it.
+/// The release that introduced schema version `version`, if known here.
 pub fn release_of(version: i64) -> Option<&'static str> {
     MIGRATIONS
         .iter()

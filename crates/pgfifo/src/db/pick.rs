@@ -26,6 +26,9 @@ pub(crate) struct PickedJob {
     /// without the `otel` feature, which does not read it).
     #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub trace: Option<TraceContext>,
+    /// The job's batch (`docs/batches.md`), read at its pick so that its
+    /// completion need not look it up: a job's batch never changes.
+    pub batch_id: Option<i64>,
     /// Whether the pick's transaction holds a slot of a queue with a
     /// concurrency limit (`docs/queue-limits.md`): the jobs picked with it
     /// run under that slot, and no other lane could start them before this
@@ -82,6 +85,8 @@ struct PickRow {
     backend_pid: i32,
     #[diesel(sql_type = Bool)]
     queue_slot: bool,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    batch_id: Option<i64>,
     #[diesel(sql_type = Nullable<Text>)]
     traceparent: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
@@ -99,7 +104,8 @@ struct PickRow {
 /// `docs/tracing.md`) is read here, by job id, with the `otel` feature only,
 /// and not by `pick`, whose result type released runners depend on. Scalar
 /// subqueries rather than a join: they keep `pick`'s row order, which
-/// matters (heads first, then followers in order).
+/// matters (heads first, then followers in order). Each job's batch
+/// (table `pgfifo.batch_job`) is read the same way, for its completion.
 ///
 /// Whether the transaction holds a queue's slot is read from the setting
 /// `pgfifo.queue_slot`, which `pick` sets when it takes one: a PL/pgSQL
@@ -110,7 +116,8 @@ macro_rules! pick_sql {
         concat!(
             "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
                     p.more, pg_backend_pid() AS backend_pid, \
-                    coalesce(current_setting('pgfifo.queue_slot', true), '') <> '' AS queue_slot, ",
+                    coalesce(current_setting('pgfifo.queue_slot', true), '') <> '' AS queue_slot, \
+                    (SELECT b.batch_id FROM pgfifo.batch_job AS b WHERE b.job_id = p.id) AS batch_id, ",
             $trace,
             " FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch, \
                            set_config('pgfifo.pick_soon', $2, true) AS soon, \
@@ -202,6 +209,7 @@ pub(crate) async fn pick(
                 sweep_slot: row.slot,
                 backend_pid: row.backend_pid,
                 under_queue_slot: row.queue_slot,
+                batch_id: row.batch_id,
                 trace: row.traceparent.map(|traceparent| TraceContext {
                     traceparent,
                     tracestate: row.tracestate,

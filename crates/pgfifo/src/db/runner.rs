@@ -219,8 +219,34 @@ fn micros_each(us: Option<Vec<i64>>) -> Vec<Duration> {
         .collect()
 }
 
-const COMPLETE: &str = "SELECT ready_now, ready_later_us \
-                        FROM pgfifo.complete($1, $2, $3, $4, $5, $6, $7, $8)";
+/// The jobs' batches (`$1`, an array's text, `{}` when none is in a batch)
+/// go to `complete` in the transaction-local setting
+/// `pgfifo.complete_batches` (0.2.0's runners call the same function
+/// without it, and it looks them up), set in this statement: `complete`'s
+/// last argument depends on the setting's value, so the call cannot come
+/// before it.
+const COMPLETE: &str = "SELECT c.ready_now, c.ready_later_us \
+                        FROM (SELECT set_config('pgfifo.complete_batches', $1, true) AS batches) AS s \
+                        CROSS JOIN LATERAL pgfifo.complete($2, $3, $4, $5, $6, $7, $8, \
+                            CASE WHEN s.batches IS NOT NULL THEN $9 END) AS c";
+
+/// The batches of `done`'s jobs as the text of an array, one per job
+/// (`NULL` for a job of none), or `{}` when none is in a batch (the common
+/// case, which `complete` skips at once).
+fn batches_text(done: &[Completion<'_>]) -> String {
+    if done.iter().all(|d| d.job.batch_id.is_none()) {
+        return "{}".to_owned();
+    }
+    let items: Vec<String> = done
+        .iter()
+        .map(|d| {
+            d.job
+                .batch_id
+                .map_or_else(|| "NULL".to_owned(), |b| b.to_string())
+        })
+        .collect();
+    format!("{{{}}}", items.join(","))
+}
 
 /// Writes the outcomes of a pick's jobs in their transaction (which then
 /// commits), in one statement, and reports the work they left.
@@ -241,6 +267,7 @@ pub(crate) async fn complete(
     let row: LeftRow = cached(
         COMPLETE,
         (
+            bind::<Text, _>(batches_text(done)),
             bind::<Array<BigInt>, _>(ids),
             bind::<Array<Integer>, _>(attempts),
             bind::<Array<Text>, _>(states),
@@ -327,4 +354,57 @@ pub(crate) async fn announce(
             .map(drop)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{batches_text, Completed, Completion, COMPLETE};
+    use crate::db::pick::PickedJob;
+    use crate::db::statement::placeholders_in_order;
+
+    fn job(id: i64, batch_id: Option<i64>) -> PickedJob {
+        PickedJob {
+            id,
+            queue: "q".into(),
+            group_id: None,
+            kind: "k".into(),
+            payload: serde_json::Value::Null,
+            max_attempts: 1,
+            sweep_slot: None,
+            backend_pid: 1,
+            batch_id,
+            under_queue_slot: false,
+            trace: None,
+        }
+    }
+
+    fn done(job: &PickedJob) -> Completion<'_> {
+        Completion {
+            job,
+            attempt: 1,
+            state: Completed::Succeeded,
+            error: None,
+            result: None,
+            retry_delay_us: None,
+        }
+    }
+
+    /// The batches come first, in a setting, then complete's eight arrays.
+    #[test]
+    fn the_completion_binds_the_batches_and_eight_arrays_in_order() {
+        assert!(placeholders_in_order(COMPLETE, 9), "{COMPLETE}");
+    }
+
+    /// One batch per job, in the jobs' order, when any is in a batch; `{}`
+    /// (nothing to count) when none is.
+    #[test]
+    fn the_batches_are_sent_per_job_or_not_at_all() {
+        let (a, b, c) = (job(1, None), job(2, Some(7)), job(3, None));
+        assert_eq!(batches_text(&[done(&a), done(&c)]), "{}");
+        assert_eq!(batches_text(&[]), "{}");
+        assert_eq!(
+            batches_text(&[done(&a), done(&b), done(&c)]),
+            "{NULL,7,NULL}"
+        );
+    }
 }

@@ -182,6 +182,7 @@ mod tests {
             sweep_slot: Some(1),
             backend_pid: 1,
             under_queue_slot: false,
+            batch_id: None,
             trace: None,
         }
     }

@@ -11,13 +11,17 @@
 -- Counting. A batch's counts are kept in up to 64 shards
 -- (pgfifo.batch_shard): its jobs without a terminal outcome are spread
 -- over them as numbers, and a transaction that ends k of them takes k off
--- one shard that no other transaction holds (see batch_take), so runners
+-- one shard that no other transaction holds (see batch_take, in
+-- 17_batches_take.sql), so runners
 -- ending a batch's jobs at the same moment update different rows. The
--- transaction that brings a shard to 0 (exactly one: the row serializes
--- them) then locks the batch's row and counts the shard as done; the one
--- that makes every shard done, with the batch closed, decides 'complete'
--- (and 'success'), under that lock. The first failure decides 'failure'
--- under the batch's row lock too (first_failed_at set once). The events'
+-- transaction that brings a shard to 0 looks for another shard with jobs
+-- left that no transaction holds, and locks it for share: that shard's
+-- last taker comes after it. Finding none, it locks the batch's row and
+-- reads the shards again: when none has jobs left (every transaction that
+-- emptied one committed before, or queued for the row and decides after),
+-- and the batch is closed, it decides 'complete' (and 'success'), under
+-- that lock. The first failure decides 'failure' under the batch's row
+-- lock too (first_failed_at set once). The events'
 -- callbacks are enqueued there, and their job ids recorded, so each one is
 -- enqueued once; a transaction that rolls back (a crash, a lost
 -- connection) takes its counts and its callbacks with it.
@@ -31,6 +35,19 @@
 -- which waits for that advisory lock shared, never waits for a transaction
 -- that waits for a batch's row. Adding jobs enqueues them first and locks
 -- the batch's rows last, for the same reason.
+
+-- Whether some of batch p_batch's jobs have no terminal outcome yet (as
+-- committed, and as this transaction counted): some shard has jobs left.
+-- (pgfifo.batch's columns shards and shards_done are no longer kept up to
+-- date by 0.3.0's functions: the shards say it.)
+CREATE OR REPLACE FUNCTION pgfifo.batch_counting(p_batch bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pgfifo.batch_shard AS s
+                   WHERE s.batch_id = p_batch AND s.remaining > 0);
+END
+$$;
 
 -- Fires the events that p_batch's counts decide and that have not fired:
 -- enqueues their callbacks (through pgfifo.enqueue, which wakes runners
@@ -52,7 +69,7 @@ DECLARE
     v_done   boolean;
     v_ok     bigint;
 BEGIN
-    SELECT b.closed_at, b.completed_at, b.first_failed_at, b.total, b.shards, b.shards_done
+    SELECT b.closed_at, b.completed_at, b.first_failed_at, b.total
     INTO v_b FROM pgfifo.batch AS b WHERE b.id = p_batch;
     IF NOT FOUND THEN
         RETURN;
@@ -60,14 +77,14 @@ BEGIN
     IF v_b.first_failed_at IS NOT NULL THEN
         v_events := v_events || 'failure'::text;
     END IF;
-    v_done := v_b.closed_at IS NOT NULL AND v_b.shards_done = v_b.shards;
+    v_done := v_b.closed_at IS NOT NULL AND NOT pgfifo.batch_counting(p_batch);
     IF v_done THEN
         v_events := v_events || 'complete'::text;
         IF v_b.completed_at IS NULL THEN
             UPDATE pgfifo.batch SET completed_at = clock_timestamp() WHERE id = p_batch;
         END IF;
         -- Every shard is done, each by a transaction that committed before
-        -- this one locked the batch, or by this one: the sum is exact.
+        -- this statement, or by this one: the sum is exact.
         SELECT coalesce(sum(s.succeeded), 0) INTO v_ok
         FROM pgfifo.batch_shard AS s WHERE s.batch_id = p_batch;
         IF v_ok = v_b.total THEN
@@ -113,7 +130,6 @@ DECLARE
     v_before  integer;
     v_share   integer;
     v_new     integer := 0;
-    v_reopen  integer := 0;
     v_closed  timestamptz;
 BEGIN
     -- (Read without a lock: the lock comes after the shards'.)
@@ -134,9 +150,6 @@ BEGIN
         ELSE
             UPDATE pgfifo.batch_shard SET remaining = remaining + v_share
             WHERE batch_id = p_batch AND shard = v_shard;
-            IF v_before = 0 THEN
-                v_reopen := v_reopen + 1;
-            END IF;
         END IF;
         -- Retried jobs leave 'failed' (on any shard: only sums mean
         -- something).
@@ -147,81 +160,10 @@ BEGIN
     END LOOP;
     UPDATE pgfifo.batch AS b
     SET total = b.total + p_n - p_failed,
-        shards = b.shards + v_new,
-        shards_done = b.shards_done - v_reopen
+        shards = b.shards + v_new
     WHERE b.id = p_batch
     RETURNING b.closed_at INTO v_closed;
     RETURN v_closed;
-END
-$$;
-
--- Takes p_n jobs (p_s succeeded, p_f failed, p_c cancelled) off batch
--- p_batch's remaining ones; returns how many shards it emptied. A job may
--- be taken off any shard (a shard holds a number of jobs, not which ones),
--- so a completion takes them from a shard with enough left that no other
--- transaction holds, without waiting: runners ending jobs of one
--- batch at the same moment update different rows. Only when none is free
--- (the batch's last jobs) does it wait for shards, in shard order, taking
--- what each has left.
-CREATE OR REPLACE FUNCTION pgfifo.batch_take(p_batch bigint, p_n integer, p_s integer, p_f integer, p_c integer)
-RETURNS integer
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_shard   smallint;
-    v_left    integer;
-    v_need    integer := p_n;
-    v_take    integer;
-    v_emptied integer := 0;
-    v_counted boolean := false;
-    v_start   integer := pg_backend_pid() % 64;
-    v_from    integer;
-    v_to      integer;
-BEGIN
-    -- Each session starts at a shard of its own (by its backend's pid), so
-    -- that runners' lanes mostly keep to different rows; then from 0.
-    FOR v_from, v_to IN VALUES (v_start, 63), (0, v_start - 1) LOOP
-        UPDATE pgfifo.batch_shard AS s
-        SET remaining = s.remaining - p_n, succeeded = s.succeeded + p_s,
-            failed = s.failed + p_f, cancelled = s.cancelled + p_c
-        WHERE s.batch_id = p_batch
-          AND s.shard = (SELECT x.shard FROM pgfifo.batch_shard AS x
-                         WHERE x.batch_id = p_batch AND x.shard BETWEEN v_from AND v_to
-                           AND x.remaining >= p_n
-                         ORDER BY x.batch_id, x.shard
-                         LIMIT 1
-                         FOR UPDATE SKIP LOCKED)
-        RETURNING s.remaining INTO v_left;
-        IF FOUND THEN
-            RETURN CASE WHEN v_left = 0 THEN 1 ELSE 0 END;
-        END IF;
-    END LOOP;
-    FOR v_shard IN
-        SELECT s.shard FROM pgfifo.batch_shard AS s WHERE s.batch_id = p_batch
-        ORDER BY s.batch_id, s.shard
-    LOOP
-        EXIT WHEN v_need = 0;
-        SELECT s.remaining INTO v_left FROM pgfifo.batch_shard AS s
-        WHERE s.batch_id = p_batch AND s.shard = v_shard
-        FOR UPDATE;
-        v_take := least(v_left, v_need);
-        CONTINUE WHEN v_take = 0 AND v_counted;
-        UPDATE pgfifo.batch_shard AS s
-        SET remaining = s.remaining - v_take,
-            succeeded = s.succeeded + CASE WHEN v_counted THEN 0 ELSE p_s END,
-            failed = s.failed + CASE WHEN v_counted THEN 0 ELSE p_f END,
-            cancelled = s.cancelled + CASE WHEN v_counted THEN 0 ELSE p_c END
-        WHERE s.batch_id = p_batch AND s.shard = v_shard;
-        v_counted := true;
-        v_need := v_need - v_take;
-        IF v_take > 0 AND v_left = v_take THEN
-            v_emptied := v_emptied + 1;
-        END IF;
-    END LOOP;
-    IF v_need > 0 THEN
-        RAISE WARNING 'pgfifo batch %: % more jobs ended than it has', p_batch, v_need;
-    END IF;
-    RETURN v_emptied;
 END
 $$;
 
@@ -230,23 +172,16 @@ $$;
 -- batch, and fires the events they decide. Called by the functions that
 -- write outcomes, in their transaction, with the jobs' rows held. Callers
 -- pass a job only when it reaches a terminal outcome (from queued or
--- running), so each job counts once per time it ends.
+-- running), so each job counts once per time it ends. (complete, whose
+-- runner read each job's batch at its pick, calls batch_count_outcomes
+-- with the batches instead.)
 CREATE OR REPLACE FUNCTION pgfifo.batch_outcomes(p_ids bigint[], p_outcomes text[]) RETURNS void
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_row     record;
     v_bids    bigint[];
     v_outs    text[];
-    v_s       integer;
-    v_f       integer;
-    v_c       integer;
-    v_batches bigint[] := '{}';
-    v_emptied integer[] := '{}';
-    v_failed  boolean[] := '{}';
-    v_i       integer;
-    v_due     boolean;
 BEGIN
     -- Each ended job's batch, by its primary key (grouped and ordered over
     -- a join, the plan would read the batch's every job in batch_id order,
@@ -257,8 +192,44 @@ BEGIN
     CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
                         WHERE x.job_id = t.id) AS m
     WHERE t.outcome IN ('succeeded', 'failed', 'cancelled');
-    IF v_bids IS NULL THEN
-        RETURN;
+    IF v_bids IS NOT NULL THEN
+        PERFORM pgfifo.batch_count_outcomes(v_bids, v_outs);
+    END IF;
+END
+$$;
+
+-- Counts outcome p_outcomes[i] of a job of batch p_batches[i] (NULL: of no
+-- batch; outcomes other than 'succeeded', 'failed' and 'cancelled' are
+-- ignored), and fires the events they decide: batch_outcomes with the
+-- jobs' batches known (see there). The arrays are as long as each other.
+CREATE OR REPLACE FUNCTION pgfifo.batch_count_outcomes(p_batches bigint[], p_outcomes text[]) RETURNS void
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_row     record;
+    v_bids    bigint[] := p_batches;
+    v_outs    text[] := p_outcomes;
+    v_s       integer;
+    v_f       integer;
+    v_c       integer;
+    v_batches bigint[] := '{}';
+    v_emptied integer[] := '{}';
+    v_failed  boolean[] := '{}';
+    v_i       integer;
+    v_due     boolean;
+BEGIN
+    -- Only the terminal outcomes of jobs in batches. (Array expressions
+    -- when nothing is left out, the common case: no executor.)
+    IF array_position(v_bids, NULL) IS NOT NULL
+       OR NOT v_outs <@ ARRAY['succeeded', 'failed', 'cancelled'] THEN
+        SELECT array_agg(t.batch_id), array_agg(t.outcome)
+        INTO v_bids, v_outs
+        FROM unnest(p_batches, p_outcomes) AS t(batch_id, outcome)
+        WHERE t.batch_id IS NOT NULL AND t.outcome IN ('succeeded', 'failed', 'cancelled');
+        IF v_bids IS NULL THEN
+            RETURN;
+        END IF;
     END IF;
     -- The shards' rows, batch by batch in id order. One batch (the common
     -- case) is counted from the arrays, without a grouping query: array
@@ -286,31 +257,35 @@ BEGIN
             v_failed := v_failed || (v_row.f > 0);
         END LOOP;
     END IF;
-    -- The batches' rows, in id order: only when a shard ran out of jobs, or
-    -- at the batch's first failure (most calls end above).
+    -- The batches' rows, in id order: only at a batch's first failure, or
+    -- when a shard ran out of jobs and no other shard that nobody holds has
+    -- any left (most calls end above). Such a shard is locked for share
+    -- here: whoever takes its last jobs does so after this transaction
+    -- commits, and decides then; so only the transactions that may end a
+    -- batch queue for its row, not every one that empties a shard.
     FOR v_i IN 1 .. cardinality(v_batches) LOOP
         v_due := false;
-        IF v_emptied[v_i] > 0 THEN
-            UPDATE pgfifo.batch AS b
-            SET shards_done = b.shards_done + v_emptied[v_i],
-                first_failed_at = CASE WHEN v_failed[v_i] THEN coalesce(b.first_failed_at, clock_timestamp())
-                                       ELSE b.first_failed_at END
-            WHERE b.id = v_batches[v_i]
-            RETURNING b.closed_at IS NOT NULL AND b.shards_done = b.shards INTO v_due;
-            v_due := v_due OR v_failed[v_i];
-        ELSIF v_failed[v_i] THEN
+        IF v_failed[v_i] THEN
             -- (Read first without a lock: after the first failure, the
             -- later ones need not lock the batch.)
-            IF EXISTS (SELECT 1 FROM pgfifo.batch AS b
-                       WHERE b.id = v_batches[v_i] AND b.first_failed_at IS NULL) THEN
-                UPDATE pgfifo.batch AS b SET first_failed_at = clock_timestamp()
-                WHERE b.id = v_batches[v_i] AND b.first_failed_at IS NULL;
-                v_due := FOUND;
-            END IF;
+            v_due := EXISTS (SELECT 1 FROM pgfifo.batch AS b
+                             WHERE b.id = v_batches[v_i] AND b.first_failed_at IS NULL);
         END IF;
-        IF v_due THEN
-            PERFORM pgfifo.batch_settle(v_batches[v_i]);
+        IF v_emptied[v_i] > 0 AND NOT v_due THEN
+            PERFORM 1 FROM pgfifo.batch_shard AS s
+            WHERE s.batch_id = v_batches[v_i] AND s.remaining > 0
+            LIMIT 1
+            FOR SHARE SKIP LOCKED;
+            v_due := NOT FOUND;
         END IF;
+        CONTINUE WHEN NOT v_due;
+        UPDATE pgfifo.batch AS b
+        SET first_failed_at = CASE WHEN v_failed[v_i] THEN coalesce(b.first_failed_at, clock_timestamp())
+                                   ELSE b.first_failed_at END
+        WHERE b.id = v_batches[v_i];
+        -- (batch_settle reads the shards again, with the row locked: it
+        -- sees every transaction that emptied one before this one.)
+        PERFORM pgfifo.batch_settle(v_batches[v_i]);
     END LOOP;
 END
 $$;

@@ -52,7 +52,7 @@ BEGIN
         SELECT j.state INTO v_state FROM pgfifo.job AS j WHERE j.id = p_job;
         RETURN CASE v_state WHEN 'succeeded' THEN 'done' WHEN 'queued' THEN 'pending' ELSE 'failed' END;
     END IF;
-    SELECT CASE WHEN b.closed_at IS NULL OR b.shards_done < b.shards THEN 'pending'
+    SELECT CASE WHEN b.closed_at IS NULL OR pgfifo.batch_counting(b.id) THEN 'pending'
                 WHEN (SELECT coalesce(sum(s.succeeded), 0) FROM pgfifo.batch_shard AS s
                       WHERE s.batch_id = b.id) = b.total THEN 'done'
                 ELSE 'failed' END

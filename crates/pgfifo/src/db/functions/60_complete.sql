@@ -70,6 +70,7 @@ DECLARE
     v_lim      record;
     v_superseded bigint[] := '{}';
     v_dup      boolean := false;
+    v_batches  text;
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
@@ -193,15 +194,27 @@ BEGIN
     -- they decide enqueue their callbacks, with the batches' rows locked
     -- until this transaction commits. Before the heads move: advance_head
     -- takes advisory locks that a callback's enqueue would wait for (see
-    -- 17_batches.sql). Without any batch (one probe of pgfifo.batch), the
-    -- call and its look-up of each job's batch are skipped: they cost a
-    -- completion about 15 µs. (A job's batch commits with the job, before
-    -- any runner can pick it. Two IFs: the query must not be parsed
-    -- where migration 0012 was reverted.)
-    IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pgfifo.batch) THEN
-            PERFORM pgfifo.batch_outcomes(p_ids, p_outcomes);
+    -- 17_batches.sql). A job's batch commits with the job, before any
+    -- runner can pick it, and never changes: the runner read each job's
+    -- batch at its pick and sends them in the transaction-local setting
+    -- pgfifo.complete_batches, one per job ('{}': none is in a batch, and
+    -- nothing is done here). Runners before 0.3.0 do not set it: each
+    -- job's batch is looked up, unless there is no batch at all (one probe
+    -- of pgfifo.batch). (Two IFs: the query must not be parsed where
+    -- migration 0012 was reverted.)
+    v_batches := current_setting('pgfifo.complete_batches', true);
+    IF coalesce(v_batches, '') = '' THEN
+        IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+            IF EXISTS (SELECT 1 FROM pgfifo.batch) THEN
+                PERFORM pgfifo.batch_outcomes(p_ids, p_outcomes);
+            END IF;
         END IF;
+    ELSIF v_batches <> '{}' THEN
+        IF coalesce(cardinality(v_batches::bigint[]), 0) <> v_n THEN
+            RAISE EXCEPTION 'pgfifo complete: % batches for % jobs', v_batches, v_n
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM pgfifo.batch_count_outcomes(v_batches::bigint[], p_outcomes);
     END IF;
     -- Dependencies (migration 0013): the waiting dependents of the jobs
     -- that ended are released or cancelled, with their job_wait rows

@@ -1,0 +1,156 @@
+//! How completions count a batch's jobs at the SQL level, given the jobs'
+//! batches as the runner sends them (`pgfifo.complete_batches`): a
+//! completion that empties a shard while free ones have jobs left does not
+//! lock the batch's row, one whose free shards fall short waits for the
+//! shard another holds, and each way the batch completes once.
+
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use pgfifo::{async_trait, Batch, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
+use pgfifo_tests::TestDb;
+
+use super::batches_sql::wait_blocked;
+use serde::{Deserialize, Serialize};
+
+#[derive(Job, Serialize, Deserialize, Debug, Clone)]
+#[job(queue = "batches_counting")]
+struct CountedJob {
+    n: u32,
+}
+
+#[async_trait]
+impl Handler for CountedJob {
+    async fn handle(&self, _: &mut JobContext<'_>) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+fn job(n: u32) -> NewJob {
+    NewJob::new(&CountedJob { n }, EnqueueOptions::ungrouped()).unwrap()
+}
+
+const CALLBACKS: &str = "SELECT count(*) FROM pgfifo.job WHERE payload = '{\"n\": 0}'::jsonb";
+
+/// A closed batch of `n` ungrouped jobs (n = 1 to n) with a complete
+/// callback (n = 0).
+async fn batch_of(db: &TestDb, n: u32) -> pgfifo::EnqueuedBatch {
+    let mut conn = db.conn().await;
+    Batch::new()
+        .on_complete(job(0))
+        .enqueue(&mut conn, (1..=n).map(job))
+        .await
+        .unwrap()
+}
+
+/// Opens a job transaction on `conn` and writes the success of jobs `ids`
+/// of batch `batch`, each job's batch given as a runner gives it; leaves
+/// the transaction open.
+async fn complete_uncommitted(conn: &mut AsyncPgConnection, batch: i64, ids: &[i64]) {
+    let list = |f: &dyn Fn(i64) -> String| ids.iter().map(|&i| f(i)).collect::<Vec<_>>().join(",");
+    let n = ids.len();
+    conn.batch_execute(&format!(
+        "BEGIN; SET LOCAL pgfifo.job_transaction = on;
+         SELECT set_config('pgfifo.complete_batches', '{{{batches}}}', true);
+         SELECT * FROM pgfifo.complete(ARRAY[{ids}]::bigint[], array_fill(1, ARRAY[{n}]),
+             array_fill('succeeded'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
+             array_fill(NULL::jsonb, ARRAY[{n}]), array_fill(NULL::bigint, ARRAY[{n}]),
+             array_fill('batches_counting'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]));",
+        batches = list(&|_| batch.to_string()),
+        ids = list(&|i| i.to_string()),
+    ))
+    .await
+    .unwrap();
+}
+
+async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
+    pgfifo_tests::query::scalar(conn, "SELECT pg_backend_pid()::bigint").await as i32
+}
+
+/// The batch's jobs left in its shards, and the successes counted.
+async fn counts(db: &TestDb, batch: i64) -> (i64, i64) {
+    let left = db
+        .scalar(&format!(
+            "SELECT coalesce(sum(remaining), 0) FROM pgfifo.batch_shard WHERE batch_id = {batch}"
+        ))
+        .await;
+    let succeeded = db
+        .scalar(&format!(
+            "SELECT coalesce(sum(succeeded), 0) FROM pgfifo.batch_shard WHERE batch_id = {batch}"
+        ))
+        .await;
+    (left, succeeded)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emptying_a_shard_while_free_ones_have_jobs_left_leaves_the_batch_row_alone() {
+    let db = TestDb::new().await;
+    // Three jobs: one in each of three shards.
+    let batch = batch_of(&db, 3).await;
+    let mut first = db.direct().await;
+    complete_uncommitted(&mut first, batch.id, &batch.job_ids[..1]).await;
+    // Its shard is empty, two others have a job left and are free: the
+    // completion did not lock the batch's row (a NOWAIT lock succeeds).
+    let mut other = db.direct().await;
+    other
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM pgfifo.batch WHERE id = {} FOR UPDATE NOWAIT; ROLLBACK;",
+            batch.id
+        ))
+        .await
+        .expect("the batch's row is free while the first completion is open");
+    first.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(db.scalar(CALLBACKS).await, 0);
+    // The other two, one after the other: the last one completes the batch.
+    for id in &batch.job_ids[1..] {
+        complete_uncommitted(&mut first, batch.id, &[*id]).await;
+        first.batch_execute("COMMIT").await.unwrap();
+    }
+    assert_eq!(db.scalar(CALLBACKS).await, 1, "the callback once");
+    assert_eq!(counts(&db, batch.id).await, (0, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_jobs_wait_for_the_shard_another_completion_holds_and_complete_once() {
+    let db = TestDb::new().await;
+    // 128 jobs: two in each of the 64 shards.
+    let batch = batch_of(&db, 128).await;
+    let mut first = db.direct().await;
+    let holder = backend_pid(&mut first).await;
+    complete_uncommitted(&mut first, batch.id, &batch.job_ids[..1]).await;
+    // The other 127 at once: the free shards hold 126 of them, so this
+    // completion undoes what it took and waits for the first one's shard.
+    let rest = batch.job_ids[1..].to_vec();
+    let id = batch.id;
+    let mut second = db.direct().await;
+    let waiter = tokio::spawn(async move {
+        complete_uncommitted(&mut second, id, &rest).await;
+        second.batch_execute("COMMIT").await.unwrap();
+    });
+    wait_blocked(&db, holder).await;
+    assert_eq!(db.scalar(CALLBACKS).await, 0);
+    first.batch_execute("COMMIT").await.unwrap();
+    waiter.await.unwrap();
+    assert_eq!(db.scalar(CALLBACKS).await, 1, "the callback once");
+    assert_eq!(counts(&db, batch.id).await, (0, 128));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_two_jobs_ending_at_once_complete_the_batch_once() {
+    let db = TestDb::new().await;
+    let batch = batch_of(&db, 2).await;
+    let mut first = db.direct().await;
+    let holder = backend_pid(&mut first).await;
+    complete_uncommitted(&mut first, batch.id, &batch.job_ids[..1]).await;
+    // The second finds the other shard held: it locks the batch's row
+    // after the first, and sees its count there.
+    let (id, last) = (batch.id, batch.job_ids[1]);
+    let mut second = db.direct().await;
+    let waiter = tokio::spawn(async move {
+        complete_uncommitted(&mut second, id, &[last]).await;
+        second.batch_execute("COMMIT").await.unwrap();
+    });
+    wait_blocked(&db, holder).await;
+    first.batch_execute("COMMIT").await.unwrap();
+    waiter.await.unwrap();
+    assert_eq!(db.scalar(CALLBACKS).await, 1, "the callback once");
+    assert_eq!(counts(&db, batch.id).await, (0, 2));
+}
