@@ -13,6 +13,7 @@ DROP FUNCTION IF EXISTS pgfifo.batch_take(bigint, integer, integer, integer, int
 DROP FUNCTION IF EXISTS pgfifo.batch_take_spread(bigint, integer, integer, integer, integer, boolean);
 DROP FUNCTION IF EXISTS pgfifo.batch_count_outcomes(bigint[], text[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_counting(bigint);
+DROP FUNCTION IF EXISTS pgfifo.job_batch(bigint);
 DROP TABLE IF EXISTS pgfifo.batch_callback;
 DROP TABLE IF EXISTS pgfifo.batch_job;
 DROP TABLE IF EXISTS pgfifo.batch_shard;

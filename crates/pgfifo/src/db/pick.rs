@@ -105,7 +105,10 @@ struct PickRow {
 /// and not by `pick`, whose result type released runners depend on. Scalar
 /// subqueries rather than a join: they keep `pick`'s row order, which
 /// matters (heads first, then followers in order). Each job's batch
-/// (table `pgfifo.batch_job`) is read the same way, for its completion.
+/// (table `pgfifo.batch_job`), for its completion, is read by a function
+/// (`pgfifo.job_batch`) whose query takes its own snapshot: a subquery here
+/// would use the statement's, taken before `pick` ran, and miss the batch
+/// of a job enqueued meanwhile, which would then never be counted.
 ///
 /// Whether the transaction holds a queue's slot is read from the setting
 /// `pgfifo.queue_slot`, which `pick` sets when it takes one: a PL/pgSQL
@@ -117,7 +120,7 @@ macro_rules! pick_sql {
             "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
                     p.more, pg_backend_pid() AS backend_pid, \
                     coalesce(current_setting('pgfifo.queue_slot', true), '') <> '' AS queue_slot, \
-                    (SELECT b.batch_id FROM pgfifo.batch_job AS b WHERE b.job_id = p.id) AS batch_id, ",
+                    pgfifo.job_batch(p.id) AS batch_id, ",
             $trace,
             " FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch, \
                            set_config('pgfifo.pick_soon', $2, true) AS soon, \
@@ -252,6 +255,10 @@ mod tests {
     fn the_pick_binds_eleven_values_and_returns_the_trace_columns() {
         assert!(placeholders_in_order(PICK, 11), "{PICK}");
         assert!(PICK.contains("AS traceparent") && PICK.contains("AS tracestate"));
+        // Not a subquery: it would read the statement's snapshot, older
+        // than the jobs `pick` may lock (see `pick_sql!`).
+        assert!(PICK.contains("pgfifo.job_batch(p.id) AS batch_id"));
+        assert!(!PICK.contains("pgfifo.batch_job"));
         assert_eq!(
             PICK.contains("pgfifo.job_trace"),
             cfg!(feature = "otel"),

@@ -49,6 +49,21 @@ BEGIN
 END
 $$;
 
+-- The batch of job p_id, or NULL. For the runner's pick statement, which
+-- reads each picked job's batch: a plpgsql function (never inlined, and
+-- volatile) runs its query with a snapshot taken now, after pick locked
+-- the job. A subquery of the pick statement would read the statement's
+-- own snapshot, taken before pick ran, and miss the batch of a job whose
+-- enqueue committed meanwhile: that job's end would then not be counted,
+-- and its batch would never complete.
+CREATE OR REPLACE FUNCTION pgfifo.job_batch(p_id bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RETURN (SELECT b.batch_id FROM pgfifo.batch_job AS b WHERE b.job_id = p_id);
+END
+$$;
+
 -- Fires the events that p_batch's counts decide and that have not fired:
 -- enqueues their callbacks (through pgfifo.enqueue, which wakes runners
 -- when the transaction commits) and records the callbacks' job ids. The

@@ -119,7 +119,17 @@ DECLARE
 BEGIN
     -- Without waiting, shards with nothing left are skipped without a lock.
     -- Waiting, every shard is locked in turn: jobs added to an open batch
-    -- meanwhile may have filled one that had nothing.
+    -- meanwhile may have filled one that had nothing. And shard 0 first,
+    -- before the shards are listed: adding jobs (batch_count_jobs) locks it
+    -- first too, so an add that was under way has committed when the list
+    -- is read (shards it created are in it), and a later add waits for this
+    -- transaction. Otherwise others could take the counts of the listed
+    -- shards while the jobs this one ends are counted in new ones.
+    IF p_wait THEN
+        PERFORM 1 FROM pgfifo.batch_shard AS s
+        WHERE s.batch_id = p_batch AND s.shard = 0
+        FOR UPDATE;
+    END IF;
     FOR v_shard IN
         SELECT s.shard FROM pgfifo.batch_shard AS s
         WHERE s.batch_id = p_batch AND (p_wait OR s.remaining > 0)
