@@ -65,6 +65,27 @@ async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
     pgfifo_tests::query::scalar(conn, "SELECT pg_backend_pid()::bigint").await as i32
 }
 
+/// Ends jobs `first` of batch `batch` in a transaction left open, then
+/// jobs `rest` in another, which is seen waiting for the first; returns
+/// the first's connection (to commit) and the second's task (which commits).
+async fn second_waits_for_first(
+    db: &TestDb,
+    batch: i64,
+    first: &[i64],
+    rest: Vec<i64>,
+) -> (AsyncPgConnection, tokio::task::JoinHandle<()>) {
+    let mut conn = db.direct().await;
+    let holder = backend_pid(&mut conn).await;
+    complete_uncommitted(&mut conn, batch, first).await;
+    let mut second = db.direct().await;
+    let waiter = tokio::spawn(async move {
+        complete_uncommitted(&mut second, batch, &rest).await;
+        second.batch_execute("COMMIT").await.unwrap();
+    });
+    wait_blocked(db, holder).await;
+    (conn, waiter)
+}
+
 /// The batch's jobs left in its shards, and the successes counted.
 async fn counts(db: &TestDb, batch: i64) -> (i64, i64) {
     let left = db
@@ -113,19 +134,15 @@ async fn the_last_jobs_wait_for_the_shard_another_completion_holds_and_complete_
     let db = TestDb::new().await;
     // 128 jobs: two in each of the 64 shards.
     let batch = batch_of(&db, 128).await;
-    let mut first = db.direct().await;
-    let holder = backend_pid(&mut first).await;
-    complete_uncommitted(&mut first, batch.id, &batch.job_ids[..1]).await;
     // The other 127 at once: the free shards hold 126 of them, so this
     // completion undoes what it took and waits for the first one's shard.
-    let rest = batch.job_ids[1..].to_vec();
-    let id = batch.id;
-    let mut second = db.direct().await;
-    let waiter = tokio::spawn(async move {
-        complete_uncommitted(&mut second, id, &rest).await;
-        second.batch_execute("COMMIT").await.unwrap();
-    });
-    wait_blocked(&db, holder).await;
+    let (mut first, waiter) = second_waits_for_first(
+        &db,
+        batch.id,
+        &batch.job_ids[..1],
+        batch.job_ids[1..].to_vec(),
+    )
+    .await;
     assert_eq!(db.scalar(CALLBACKS).await, 0);
     first.batch_execute("COMMIT").await.unwrap();
     waiter.await.unwrap();
@@ -137,18 +154,10 @@ async fn the_last_jobs_wait_for_the_shard_another_completion_holds_and_complete_
 async fn the_last_two_jobs_ending_at_once_complete_the_batch_once() {
     let db = TestDb::new().await;
     let batch = batch_of(&db, 2).await;
-    let mut first = db.direct().await;
-    let holder = backend_pid(&mut first).await;
-    complete_uncommitted(&mut first, batch.id, &batch.job_ids[..1]).await;
     // The second finds the other shard held: it locks the batch's row
     // after the first, and sees its count there.
-    let (id, last) = (batch.id, batch.job_ids[1]);
-    let mut second = db.direct().await;
-    let waiter = tokio::spawn(async move {
-        complete_uncommitted(&mut second, id, &[last]).await;
-        second.batch_execute("COMMIT").await.unwrap();
-    });
-    wait_blocked(&db, holder).await;
+    let (mut first, waiter) =
+        second_waits_for_first(&db, batch.id, &batch.job_ids[..1], vec![batch.job_ids[1]]).await;
     first.batch_execute("COMMIT").await.unwrap();
     waiter.await.unwrap();
     assert_eq!(db.scalar(CALLBACKS).await, 1, "the callback once");

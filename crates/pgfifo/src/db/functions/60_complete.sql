@@ -71,6 +71,7 @@ DECLARE
     v_superseded bigint[] := '{}';
     v_dup      boolean := false;
     v_batches  text;
+    v_job_batches bigint[];
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
@@ -210,11 +211,12 @@ BEGIN
             END IF;
         END IF;
     ELSIF v_batches <> '{}' THEN
-        IF coalesce(cardinality(v_batches::bigint[]), 0) <> v_n THEN
+        v_job_batches := v_batches::bigint[];
+        IF coalesce(cardinality(v_job_batches), 0) <> v_n THEN
             RAISE EXCEPTION 'pgfifo complete: % batches for % jobs', v_batches, v_n
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        PERFORM pgfifo.batch_count_outcomes(v_batches::bigint[], p_outcomes);
+        PERFORM pgfifo.batch_count_outcomes(v_job_batches, p_outcomes);
     END IF;
     -- Dependencies (migration 0013): the waiting dependents of the jobs
     -- that ended are released or cancelled, with their job_wait rows
