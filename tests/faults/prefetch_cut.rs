@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use pgfifo::{EnqueueOptions, Job, NewJob};
 use pgfifo_tests::faults::runs::{self, Line, Mode};
-use pgfifo_tests::records::now_ns;
 
-use crate::jobs::{FaultJob, APP_PREFIX, PREFETCH_GRP};
+use crate::jobs::{FaultJob, PREFETCH_GRP};
 use crate::plan::Enqueued;
 use crate::processes::Role;
 use crate::suite::Suite;
@@ -127,17 +126,7 @@ impl Suite {
             .monitor
             .scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint")
             .await;
-        let t0 = now_ns();
-        let n = self
-            .monitor
-            .scalar(&format!(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                 WHERE application_name LIKE '{APP_PREFIX}%'"
-            ))
-            .await;
-        self.seen.db_faults.push(t0);
-        self.seen.terminations += 1;
-        self.seen.terminated_backends += n;
+        let (t0, n) = self.cut_connections().await;
         let pf2 = self.fleet.spawn(Role::Prefetcher, 1).await;
         let pf2_records = self.fleet.get(pf2).expect("alive").records.clone();
         let deadline = Instant::now() + Duration::from_secs(30);

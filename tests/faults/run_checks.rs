@@ -171,7 +171,7 @@ pub(crate) fn check_runs(
         .seen
         .db_faults
         .iter()
-        .map(|&t| format!("{:.3}s", secs(t)))
+        .map(|f| format!("{:.3}s..{:.3}s", secs(f.begin), secs(f.end)))
         .collect();
     let found = runs::at_once(&intervals, |grp| suite.limit_of(grp));
     for (going, run) in &found.over {

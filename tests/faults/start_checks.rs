@@ -255,7 +255,7 @@ fn faults(suite: &Suite) -> Vec<(i64, i64)> {
             .seen
             .db_faults
             .iter()
-            .map(|&t| (t, ns(DB_FAULT_WINDOW))),
+            .map(|f| (f.begin, ns(DB_FAULT_WINDOW))),
     );
     faults
 }

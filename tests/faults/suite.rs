@@ -8,7 +8,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use pgfifo::{EnqueueOptions, NewJob};
 use pgfifo_tests::faults::private_pg::{PrivatePg, StopMode};
 use pgfifo_tests::faults::rng::Rng;
-use pgfifo_tests::faults::runs::Mode;
+use pgfifo_tests::faults::runs::{DbFault, Mode};
 use pgfifo_tests::records::now_ns;
 
 use crate::jobs::{FaultJob, LongFaultJob, APP_PREFIX, FAULT_TIMEOUT};
@@ -27,7 +27,7 @@ pub(crate) struct Observed {
     pub(crate) terminations: usize,
     pub(crate) terminated_backends: i64,
     pub(crate) restarts: usize,
-    pub(crate) db_faults: Vec<i64>,
+    pub(crate) db_faults: Vec<DbFault>,
     pub(crate) reconnect_failures: Vec<String>,
     pub(crate) recoveries: Vec<String>,
     pub(crate) freezes: Vec<FreezeReport>,
@@ -243,6 +243,14 @@ impl Suite {
     /// Terminates every pgfifo connection of every worker process.
     pub(crate) async fn terminate_all(&mut self) {
         let before: Vec<u32> = self.fleet.alive.iter().map(|p| p.pid).collect();
+        let (t0, n) = self.cut_connections().await;
+        println!("faults: terminated {n} pgfifo connections");
+        self.recover(t0, &before, "terminate").await;
+    }
+
+    /// Terminates every pgfifo connection and waits until each is gone;
+    /// records the fault. Returns when it began and how many were cut.
+    pub(crate) async fn cut_connections(&mut self) -> (i64, i64) {
         let t0 = now_ns();
         let n = self
             .monitor
@@ -251,7 +259,6 @@ impl Suite {
                  WHERE application_name LIKE '{APP_PREFIX}%'"
             ))
             .await;
-        self.seen.db_faults.push(t0);
         self.seen.terminations += 1;
         self.seen.terminated_backends += n;
         // Every connection that existed then is gone.
@@ -276,8 +283,11 @@ impl Suite {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        println!("faults: terminated {n} pgfifo connections");
-        self.recover(t0, &before, "terminate").await;
+        self.seen.db_faults.push(DbFault {
+            begin: t0,
+            end: now_ns(),
+        });
+        (t0, n)
     }
 
     /// A full PostgreSQL restart.
@@ -286,7 +296,10 @@ impl Suite {
         let t0 = now_ns();
         let down = pg.restart(mode).expect("restart PostgreSQL");
         self.monitor.conn = None;
-        self.seen.db_faults.push(t0);
+        self.seen.db_faults.push(DbFault {
+            begin: t0,
+            end: now_ns(),
+        });
         self.seen.restarts += 1;
         println!("faults: PostgreSQL restarted ({mode:?}), unavailable for {down:.2?}");
         self.recover(t0, &before, "restart").await;

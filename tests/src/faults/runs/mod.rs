@@ -250,13 +250,22 @@ pub enum Cut {
     TimedOut,
 }
 
+/// A database fault (every connection terminated, or a server restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DbFault {
+    /// When the suite began cutting the connections (ns).
+    pub begin: i64,
+    /// When every connection that existed at `begin` was gone (ns).
+    pub end: i64,
+}
+
 /// What the suite knows about the run besides the records.
 #[derive(Debug, Default)]
 pub struct Context {
     /// When each process died (SIGKILL sent, or the poison's `A` line).
     pub deaths: HashMap<u32, i64>,
-    /// When each database fault began (every connection cut from then on).
-    pub db_faults: Vec<i64>,
+    /// The database faults (every connection cut in each).
+    pub db_faults: Vec<DbFault>,
     /// The handler timeout of each job (ns); runs without an end are bounded
     /// by it.
     pub timeout_ns: HashMap<i64, i64>,
@@ -264,17 +273,27 @@ pub struct Context {
 
 /// Builds the intervals of every run from all processes' records.
 pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
-    let mut ends: HashMap<(u32, u64), i64> = HashMap::new();
+    // Each run's end, and whether its write found its transaction gone.
+    let mut ends: HashMap<(u32, u64), (i64, bool)> = HashMap::new();
     for line in lines {
         match line {
-            Line::End { pid, n, ns, .. } | Line::Abort { pid, n, ns, .. } => {
-                ends.insert((*pid, *n), *ns);
+            Line::End {
+                pid,
+                n,
+                ns,
+                outcome,
+                ..
+            } => {
+                ends.insert((*pid, *n), (*ns, outcome == "dberr"));
+            }
+            Line::Abort { pid, n, ns, .. } => {
+                ends.insert((*pid, *n), (*ns, false));
             }
             Line::Start { .. } => {}
         }
     }
     let mut faults = ctx.db_faults.clone();
-    faults.sort_unstable();
+    faults.sort_unstable_by_key(|f| f.begin);
     let mut out = Vec::new();
     for line in lines {
         let Line::Start {
@@ -289,16 +308,24 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
             continue;
         };
         let mut candidates: Vec<(i64, Cut)> = Vec::new();
-        if let Some(&end) = ends.get(&(pid, n)) {
+        let mut lost_transaction = false;
+        if let Some(&(end, dberr)) = ends.get(&(pid, n)) {
             candidates.push((end, Cut::Ended));
+            lost_transaction = dberr;
         }
         if let Some(&death) = ctx.deaths.get(&pid) {
             if death >= ns {
                 candidates.push((death, Cut::Died));
             }
         }
-        if let Some(&fault) = faults.iter().find(|&&f| f >= ns) {
-            candidates.push((fault, Cut::DatabaseFault));
+        if let Some(fault) = faults.iter().find(|f| f.begin >= ns) {
+            candidates.push((fault.begin, Cut::DatabaseFault));
+        }
+        // A run that began while a fault was cutting connections, and whose
+        // write then found its transaction gone, was picked on a connection
+        // that fault cut: its lock may have been gone when its handler began.
+        if lost_transaction && faults.iter().any(|f| f.begin <= ns && ns <= f.end) {
+            candidates.push((ns, Cut::DatabaseFault));
         }
         // The runner drops a handler at its timeout: no run executes longer
         // (a frozen process aside, which the suite checks on its own).

@@ -19,6 +19,10 @@ fn start(job: i64, attempt: u32, grp: u32, seq: u32, pid: u32, ns: i64) -> Line 
     }
 }
 
+fn fault(begin: i64, end: i64) -> DbFault {
+    DbFault { begin, end }
+}
+
 fn end_of(job: i64, attempt: u32, pid: u32, ns: i64) -> Line {
     Line::End {
         run: key(job, attempt),
@@ -66,7 +70,7 @@ fn cut_off_runs_end_at_death_fault_or_timeout() {
     ];
     let ctx = Context {
         deaths: HashMap::from([(10, 150)]),
-        db_faults: vec![130, 50],
+        db_faults: vec![fault(130, 135), fault(50, 55)],
         timeout_ns: HashMap::from([(3, 40)]),
     };
     let got: Vec<(i64, Cut)> = intervals(&lines, &ctx)
@@ -94,6 +98,41 @@ fn cut_off_runs_end_at_death_fault_or_timeout() {
     assert_eq!(
         got,
         vec![(150, Cut::Died), (100, Cut::TimedOut), (140, Cut::TimedOut)]
+    );
+}
+
+#[test]
+fn a_run_begun_during_a_fault_whose_write_failed_ends_at_its_start() {
+    let dberr = |job: i64, pid: u32, ns: i64| Line::End {
+        run: key(job, 1),
+        pid,
+        n: job as u64,
+        ns,
+        outcome: "dberr".into(),
+    };
+    let lines = [
+        start(1, 1, 0, 0, 10, 102), // began mid-fault, its write failed
+        dberr(1, 10, 300),
+        start(2, 1, 1, 0, 11, 104), // began mid-fault, its write went through
+        end_of(2, 1, 11, 300),
+        start(3, 1, 2, 0, 12, 200), // began after the fault, its write failed
+        dberr(3, 12, 300),
+    ];
+    let ctx = Context {
+        db_faults: vec![fault(100, 150)],
+        ..Context::default()
+    };
+    let got: Vec<(i64, Cut)> = intervals(&lines, &ctx)
+        .iter()
+        .map(|i| (i.end, i.cut))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (102, Cut::DatabaseFault),
+            (300, Cut::Ended),
+            (300, Cut::Ended)
+        ]
     );
 }
 
