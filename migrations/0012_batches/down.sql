@@ -9,6 +9,7 @@ DROP FUNCTION IF EXISTS pgfifo.batch_outcomes(bigint[], text[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_retried(bigint[]);
 DROP FUNCTION IF EXISTS pgfifo.batch_settle(bigint);
 DROP FUNCTION IF EXISTS pgfifo.batch_count_jobs(bigint, integer, integer);
+DROP FUNCTION IF EXISTS pgfifo.batch_count_shards(bigint, integer, integer);
 DROP FUNCTION IF EXISTS pgfifo.batch_take(bigint, integer, integer, integer, integer);
 DROP FUNCTION IF EXISTS pgfifo.batch_take_spread(bigint, integer, integer, integer, integer, boolean);
 DROP FUNCTION IF EXISTS pgfifo.batch_count_outcomes(bigint[], text[]);

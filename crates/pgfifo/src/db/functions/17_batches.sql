@@ -134,25 +134,18 @@ $$;
 -- p_n jobs join batch p_batch's counts as remaining (new jobs, or failed
 -- jobs an operator retried: p_failed of them leave 'failed'), spread over
 -- its 64 shards (shard i takes the i-th share). Locks the shard rows in
--- shard order, then the batch's row; returns the batch's closed_at (NULL:
--- open), or raises pgfifo_batch_missing. The caller checks that the batch
--- may take them.
-CREATE OR REPLACE FUNCTION pgfifo.batch_count_jobs(p_batch bigint, p_n integer, p_failed integer)
-RETURNS timestamptz
+-- shard order; returns how many shards it created. The caller locks the
+-- batch's row after (batch_count_jobs), or every batch's rows after every
+-- batch's shards (batch_retried).
+CREATE OR REPLACE FUNCTION pgfifo.batch_count_shards(p_batch bigint, p_n integer, p_failed integer)
+RETURNS integer
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_before  integer;
     v_share   integer;
     v_new     integer := 0;
-    v_closed  timestamptz;
 BEGIN
-    -- (Read without a lock: the lock comes after the shards'.)
-    IF NOT EXISTS (SELECT 1 FROM pgfifo.batch AS b WHERE b.id = p_batch) THEN
-        RAISE EXCEPTION 'pgfifo batch: no batch has id %', p_batch
-            USING ERRCODE = 'no_data_found', CONSTRAINT = 'pgfifo_batch_missing',
-                  DETAIL = p_batch::text;
-    END IF;
     FOR v_shard IN 0 .. least(p_n, 64) - 1 LOOP
         v_share := p_n / 64 + CASE WHEN v_shard < p_n % 64 THEN 1 ELSE 0 END;
         SELECT s.remaining INTO v_before FROM pgfifo.batch_shard AS s
@@ -173,6 +166,28 @@ BEGIN
             WHERE batch_id = p_batch AND shard = 0;
         END IF;
     END LOOP;
+    RETURN v_new;
+END
+$$;
+
+-- p_n jobs join batch p_batch's counts (batch_count_shards), then its row
+-- (total); returns the batch's closed_at (NULL: open), or raises
+-- pgfifo_batch_missing. The caller checks that the batch may take them.
+CREATE OR REPLACE FUNCTION pgfifo.batch_count_jobs(p_batch bigint, p_n integer, p_failed integer)
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_new     integer;
+    v_closed  timestamptz;
+BEGIN
+    -- (Read without a lock: the lock comes after the shards'.)
+    IF NOT EXISTS (SELECT 1 FROM pgfifo.batch AS b WHERE b.id = p_batch) THEN
+        RAISE EXCEPTION 'pgfifo batch: no batch has id %', p_batch
+            USING ERRCODE = 'no_data_found', CONSTRAINT = 'pgfifo_batch_missing',
+                  DETAIL = p_batch::text;
+    END IF;
+    v_new := pgfifo.batch_count_shards(p_batch, p_n, p_failed);
     UPDATE pgfifo.batch AS b
     SET total = b.total + p_n - p_failed,
         shards = b.shards + v_new
@@ -313,8 +328,14 @@ CREATE OR REPLACE FUNCTION pgfifo.batch_retried(p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_row record;
+    v_row     record;
+    v_batches bigint[] := '{}';
+    v_new     integer[] := '{}';
 BEGIN
+    -- Every batch's shards, batches in id order, then every batch's row, in
+    -- id order: the order a completion takes them in. (Shards then row per
+    -- batch could hold one batch's row while waiting for another batch's
+    -- shard that a completion holds while it waits for that row.)
     FOR v_row IN
         WITH member AS MATERIALIZED (
             SELECT m.batch_id FROM unnest(p_ids) AS t(id)
@@ -323,7 +344,12 @@ BEGIN
         SELECT member.batch_id, count(*)::integer AS n FROM member
         GROUP BY 1 ORDER BY 1
     LOOP
-        PERFORM pgfifo.batch_count_jobs(v_row.batch_id, v_row.n, v_row.n);
+        v_batches := v_batches || v_row.batch_id;
+        v_new := v_new || pgfifo.batch_count_shards(v_row.batch_id, v_row.n, v_row.n);
+    END LOOP;
+    FOR v_i IN 1 .. cardinality(v_batches) LOOP
+        UPDATE pgfifo.batch AS b SET shards = b.shards + v_new[v_i]
+        WHERE b.id = v_batches[v_i];
     END LOOP;
 END
 $$;
