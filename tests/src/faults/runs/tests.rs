@@ -23,6 +23,14 @@ fn fault(begin: i64, end: i64) -> DbFault {
     DbFault { begin, end }
 }
 
+/// Each run's end and why it ended there.
+fn ends(lines: &[Line], ctx: &Context) -> Vec<(i64, Cut)> {
+    intervals(lines, ctx)
+        .iter()
+        .map(|i| (i.end, i.cut))
+        .collect()
+}
+
 fn end_of(job: i64, attempt: u32, pid: u32, ns: i64) -> Line {
     Line::End {
         run: key(job, attempt),
@@ -73,10 +81,7 @@ fn cut_off_runs_end_at_death_fault_or_timeout() {
         db_faults: vec![fault(130, 135), fault(50, 55)],
         timeout_ns: HashMap::from([(3, 40)]),
     };
-    let got: Vec<(i64, Cut)> = intervals(&lines, &ctx)
-        .iter()
-        .map(|i| (i.end, i.cut))
-        .collect();
+    let got = ends(&lines, &ctx);
     assert_eq!(
         got,
         vec![
@@ -91,10 +96,7 @@ fn cut_off_runs_end_at_death_fault_or_timeout() {
         db_faults: vec![],
         timeout_ns: HashMap::from([(3, 40)]),
     };
-    let got: Vec<(i64, Cut)> = intervals(&lines[..3], &ctx)
-        .iter()
-        .map(|i| (i.end, i.cut))
-        .collect();
+    let got = ends(&lines[..3], &ctx);
     assert_eq!(
         got,
         vec![(150, Cut::Died), (100, Cut::TimedOut), (140, Cut::TimedOut)]
@@ -122,10 +124,7 @@ fn a_run_begun_during_a_fault_whose_write_failed_ends_at_its_start() {
         db_faults: vec![fault(100, 150)],
         ..Context::default()
     };
-    let got: Vec<(i64, Cut)> = intervals(&lines, &ctx)
-        .iter()
-        .map(|i| (i.end, i.cut))
-        .collect();
+    let got = ends(&lines, &ctx);
     assert_eq!(
         got,
         vec![
