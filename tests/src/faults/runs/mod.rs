@@ -75,9 +75,10 @@ pub enum Line {
         n: u64,
         /// When (ns since the epoch).
         ns: i64,
-        /// `ok` (the log row was written in the job's transaction), `dberr`
-        /// (that write failed: the transaction is gone) or `panic` (written,
-        /// then the handler panics).
+        /// `ok` (the log row was written in the job's transaction),
+        /// `dberr:` and the error (a statement through the job's connection
+        /// failed: the transaction is gone) or `panic` (written, then the
+        /// handler panics).
         outcome: String,
     },
     /// A poison handler is about to abort its process.
@@ -284,7 +285,7 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
                 outcome,
                 ..
             } => {
-                ends.insert((*pid, *n), (*ns, outcome == "dberr"));
+                ends.insert((*pid, *n), (*ns, outcome.starts_with("dberr")));
             }
             Line::Abort { pid, n, ns, .. } => {
                 ends.insert((*pid, *n), (*ns, false));
@@ -311,7 +312,9 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
         let mut lost_transaction = false;
         if let Some(&(end, dberr)) = ends.get(&(pid, n)) {
             candidates.push((end, Cut::Ended));
-            lost_transaction = dberr;
+            // Its transaction gone, and no later fault that could have
+            // ended it instead.
+            lost_transaction = dberr && !faults.iter().any(|f| f.begin > ns && f.begin <= end);
         }
         if let Some(&death) = ctx.deaths.get(&pid) {
             if death >= ns {
@@ -322,8 +325,9 @@ pub fn intervals(lines: &[Line], ctx: &Context) -> Vec<Interval> {
             candidates.push((fault.begin, Cut::DatabaseFault));
         }
         // A run that began while a fault was cutting connections, and whose
-        // write then found its transaction gone, was picked on a connection
-        // that fault cut: its lock may have been gone when its handler began.
+        // write then found its transaction gone (no later fault between),
+        // was picked on a connection that fault cut: its lock may have been
+        // gone when its handler began.
         if lost_transaction && faults.iter().any(|f| f.begin <= ns && ns <= f.end) {
             candidates.push((ns, Cut::DatabaseFault));
         }

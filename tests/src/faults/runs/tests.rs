@@ -110,7 +110,7 @@ fn a_run_begun_during_a_fault_whose_write_failed_ends_at_its_start() {
         pid,
         n: job as u64,
         ns,
-        outcome: "dberr".into(),
+        outcome: "dberr:connection closed".into(),
     };
     let lines = [
         start(1, 1, 0, 0, 10, 102), // began mid-fault, its write failed
@@ -119,9 +119,11 @@ fn a_run_begun_during_a_fault_whose_write_failed_ends_at_its_start() {
         end_of(2, 1, 11, 300),
         start(3, 1, 2, 0, 12, 200), // began after the fault, its write failed
         dberr(3, 12, 300),
+        start(4, 1, 3, 0, 13, 140), // began mid-fault, its write failed after another fault
+        dberr(4, 13, 900),
     ];
     let ctx = Context {
-        db_faults: vec![fault(100, 150)],
+        db_faults: vec![fault(100, 150), fault(800, 850)],
         ..Context::default()
     };
     let got = ends(&lines, &ctx);
@@ -130,7 +132,8 @@ fn a_run_begun_during_a_fault_whose_write_failed_ends_at_its_start() {
         vec![
             (102, Cut::DatabaseFault),
             (300, Cut::Ended),
-            (300, Cut::Ended)
+            (300, Cut::Ended),
+            (800, Cut::DatabaseFault)
         ]
     );
 }
