@@ -4,7 +4,8 @@
 //! lock the batch's row, one whose free shards fall short waits for the
 //! shard another holds, and each way the batch completes once; an
 //! operator's retry of failures in two batches and a completion ending
-//! both take the locks in one order.
+//! both take the locks in one order, and a head skipped while a retry
+//! queues it again counts as failed.
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo::{async_trait, Batch, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
@@ -52,11 +53,21 @@ async fn complete_uncommitted(conn: &mut AsyncPgConnection, batch: i64, ids: &[i
 }
 
 /// Opens a job transaction on `conn` and writes `outcome` for each job of
-/// `jobs` (its batch, its id); leaves the transaction open.
+/// `jobs` (its batch, its id), ungrouped jobs; leaves the transaction open.
 async fn end_uncommitted(
     conn: &mut AsyncPgConnection,
     jobs: &[(i64, i64)],
     outcome: &str,
+) -> diesel::QueryResult<()> {
+    end_in_group(conn, jobs, outcome, "NULL").await
+}
+
+/// [`end_uncommitted`] for jobs of group `group` (an SQL literal).
+async fn end_in_group(
+    conn: &mut AsyncPgConnection,
+    jobs: &[(i64, i64)],
+    outcome: &str,
+    group: &str,
 ) -> diesel::QueryResult<()> {
     let list = |f: &dyn Fn(&(i64, i64)) -> String| jobs.iter().map(f).collect::<Vec<_>>().join(",");
     let n = jobs.len();
@@ -66,7 +77,7 @@ async fn end_uncommitted(
          SELECT * FROM pgfifo.complete(ARRAY[{ids}]::bigint[], array_fill(1, ARRAY[{n}]),
              array_fill('{outcome}'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]),
              array_fill(NULL::jsonb, ARRAY[{n}]), array_fill(NULL::bigint, ARRAY[{n}]),
-             array_fill('batches_counting'::text, ARRAY[{n}]), array_fill(NULL::text, ARRAY[{n}]));",
+             array_fill('batches_counting'::text, ARRAY[{n}]), array_fill({group}::text, ARRAY[{n}]));",
         batches = list(&|(batch, _)| batch.to_string()),
         ids = list(&|(_, id)| id.to_string()),
     ))
@@ -257,4 +268,78 @@ async fn retrying_failures_of_two_batches_while_a_completion_ends_both_does_not_
             .await;
         assert_eq!(failed, 0, "the retried failure no longer counts");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipping_a_held_head_while_a_retry_queues_it_again_counts_its_failure() {
+    let db = TestDb::new().await;
+    db.scalar("SELECT pgfifo.set_failure_policy('batches_counting', 'hold')::bigint")
+        .await;
+    // A batch of one job in group g; it fails for good and holds g.
+    let mut conn = db.conn().await;
+    let grouped = NewJob::new(&CountedJob { n: 1 }, EnqueueOptions::group("g")).unwrap();
+    let batch = Batch::new()
+        .on_complete(job(0))
+        .enqueue(&mut conn, [grouped])
+        .await
+        .unwrap();
+    drop(conn);
+    let id = batch.job_ids[0];
+    // Its group's row, with the job as its head (as a runner's promote does).
+    db.scalar("SELECT promoted::bigint FROM pgfifo.promote(ARRAY['batches_counting'], 100)")
+        .await;
+    let mut runner = db.direct().await;
+    end_in_group(&mut runner, &[(batch.id, id)], "failed", "'g'")
+        .await
+        .unwrap();
+    runner.batch_execute("COMMIT").await.unwrap();
+    let held = format!(
+        "SELECT count(*) FROM pgfifo.queue_group
+         WHERE queue = 'batches_counting' AND group_id = 'g' AND head_id = {id} AND ready_at IS NULL"
+    );
+    assert_eq!(db.scalar(&held).await, 1, "g is held at its failed head");
+    // An operator's retry queues it again, and is held up (by a lock on
+    // the batch's shard) before it commits.
+    let mut holder = db.direct().await;
+    let holder_pid = backend_pid(&mut holder).await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM pgfifo.batch_shard WHERE batch_id = {} AND shard = 0 FOR UPDATE;",
+            batch.id
+        ))
+        .await
+        .unwrap();
+    let mut retrier = db.direct().await;
+    let retrier_pid = backend_pid(&mut retrier).await;
+    let retry = format!("SELECT * FROM pgfifo.retry_jobs(ARRAY[{id}]::bigint[])");
+    let retrying = tokio::spawn(async move { retrier.batch_execute(&retry).await });
+    wait_blocked(&db, holder_pid).await;
+    // Another operator skips g's head meanwhile: it waits for the retry.
+    let mut skipper = db.direct().await;
+    let skipping = tokio::spawn(async move {
+        skipper
+            .batch_execute("SELECT pgfifo.skip_head('batches_counting', 'g', 'skipped')")
+            .await
+    });
+    wait_blocked(&db, retrier_pid).await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    retrying.await.unwrap().expect("the retry commits");
+    skipping.await.unwrap().expect("the skip commits");
+    // The skip came last: the job failed, and its batch counts it so.
+    let state = format!("SELECT count(*) FROM pgfifo.job WHERE id = {id} AND state = 'failed'");
+    assert_eq!(db.scalar(&state).await, 1);
+    assert_eq!(
+        counts(&db, batch.id).await,
+        (0, 0),
+        "no job left, none succeeded"
+    );
+    let failed = format!(
+        "SELECT sum(failed) FROM pgfifo.batch_shard WHERE batch_id = {}",
+        batch.id
+    );
+    assert_eq!(
+        db.scalar(&failed).await,
+        1,
+        "the skipped job counts as failed"
+    );
 }

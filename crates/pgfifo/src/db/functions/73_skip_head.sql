@@ -33,8 +33,13 @@ BEGIN
         RETURN NULL;
     END IF;
     -- A head held after failing for good counts as failed in its batch
-    -- already.
-    v_queued := EXISTS (SELECT 1 FROM pgfifo.job AS j WHERE j.id = v_head AND j.state = 'queued');
+    -- already. Its state is read with its row locked: an operator's retry
+    -- may be queueing it again (committing after this statement began), and
+    -- the update below then marks the queued job failed; read without the
+    -- lock, its failure would not be counted in its batch.
+    SELECT j.state = 'queued' INTO v_queued FROM pgfifo.job AS j
+    WHERE j.id = v_head
+    FOR UPDATE;
     UPDATE pgfifo.job
     SET state = 'failed',
         finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END,
