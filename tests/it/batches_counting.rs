@@ -207,6 +207,19 @@ async fn batch_with_a_failure(db: &TestDb) -> pgfifo::EnqueuedBatch {
     batch
 }
 
+/// A transaction left open holding shard `shard` of batch `batch`: its
+/// connection and backend pid.
+async fn hold_shard(db: &TestDb, batch: i64, shard: i32) -> (AsyncPgConnection, i32) {
+    let mut conn = db.direct().await;
+    let pid = backend_pid(&mut conn).await;
+    conn.batch_execute(&format!(
+        "BEGIN; SELECT 1 FROM pgfifo.batch_shard WHERE batch_id = {batch} AND shard = {shard} FOR UPDATE;"
+    ))
+    .await
+    .unwrap();
+    (conn, pid)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retrying_failures_of_two_batches_while_a_completion_ends_both_does_not_deadlock() {
     let db = TestDb::new().await;
@@ -214,15 +227,7 @@ async fn retrying_failures_of_two_batches_while_a_completion_ends_both_does_not_
     let b = batch_with_a_failure(&db).await;
     assert!(a.id < b.id);
     // A transaction holds b's shard with a job left.
-    let mut holder = db.direct().await;
-    let holder_pid = backend_pid(&mut holder).await;
-    holder
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM pgfifo.batch_shard WHERE batch_id = {} AND shard = 1 FOR UPDATE;",
-            b.id
-        ))
-        .await
-        .unwrap();
+    let (mut holder, holder_pid) = hold_shard(&db, b.id, 1).await;
     // A completion of both batches' last jobs takes a's shard 1, then
     // waits for b's (holding b's shard 0, which the waiting take locks
     // first); after it, it locks a's row and b's (each emptied its last
@@ -300,15 +305,7 @@ async fn skipping_a_held_head_while_a_retry_queues_it_again_counts_its_failure()
     assert_eq!(db.scalar(&held).await, 1, "g is held at its failed head");
     // An operator's retry queues it again, and is held up (by a lock on
     // the batch's shard) before it commits.
-    let mut holder = db.direct().await;
-    let holder_pid = backend_pid(&mut holder).await;
-    holder
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM pgfifo.batch_shard WHERE batch_id = {} AND shard = 0 FOR UPDATE;",
-            batch.id
-        ))
-        .await
-        .unwrap();
+    let (mut holder, holder_pid) = hold_shard(&db, batch.id, 0).await;
     let mut retrier = db.direct().await;
     let retrier_pid = backend_pid(&mut retrier).await;
     let retry = format!("SELECT * FROM pgfifo.retry_jobs(ARRAY[{id}]::bigint[])");
