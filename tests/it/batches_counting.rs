@@ -11,7 +11,7 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use pgfifo::{async_trait, Batch, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
 use pgfifo_tests::TestDb;
 
-use super::batches_sql::wait_blocked;
+use super::batches_sql::{backend_pid, wait_blocked};
 use serde::{Deserialize, Serialize};
 
 #[derive(Job, Serialize, Deserialize, Debug, Clone)]
@@ -84,10 +84,6 @@ async fn end_in_group(
     .await
 }
 
-async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
-    pgfifo_tests::query::scalar(conn, "SELECT pg_backend_pid()::bigint").await as i32
-}
-
 /// Ends jobs `first` of batch `batch` in a transaction left open, then
 /// jobs `rest` in another, which is seen waiting for the first; returns
 /// the first's connection (to commit) and the second's task (which commits).
@@ -122,6 +118,14 @@ async fn counts(db: &TestDb, batch: i64) -> (i64, i64) {
         ))
         .await;
     (left, succeeded)
+}
+
+/// The batch's failures counted.
+async fn failed(db: &TestDb, batch: i64) -> i64 {
+    db.scalar(&format!(
+        "SELECT coalesce(sum(failed), 0) FROM pgfifo.batch_shard WHERE batch_id = {batch}"
+    ))
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,13 +269,11 @@ async fn retrying_failures_of_two_batches_while_a_completion_ends_both_does_not_
     assert_eq!(db.scalar(CALLBACKS).await, 2, "each batch's callback once");
     for batch in [&a, &b] {
         assert_eq!(counts(&db, batch.id).await, (1, 1));
-        let failed = db
-            .scalar(&format!(
-                "SELECT sum(failed) FROM pgfifo.batch_shard WHERE batch_id = {}",
-                batch.id
-            ))
-            .await;
-        assert_eq!(failed, 0, "the retried failure no longer counts");
+        assert_eq!(
+            failed(&db, batch.id).await,
+            0,
+            "the retried failure no longer counts"
+        );
     }
 }
 
@@ -330,12 +332,8 @@ async fn skipping_a_held_head_while_a_retry_queues_it_again_counts_its_failure()
         (0, 0),
         "no job left, none succeeded"
     );
-    let failed = format!(
-        "SELECT sum(failed) FROM pgfifo.batch_shard WHERE batch_id = {}",
-        batch.id
-    );
     assert_eq!(
-        db.scalar(&failed).await,
+        failed(&db, batch.id).await,
         1,
         "the skipped job counts as failed"
     );

@@ -82,20 +82,9 @@ pub(super) async fn wait_blocked(db: &TestDb, holder: i32) {
     .await;
 }
 
-async fn backend_pid(db: &TestDb, conn: &mut AsyncPgConnection) -> i32 {
-    let _ = db;
-    #[derive(diesel::QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = diesel::sql_types::Integer)]
-        pid: i32,
-    }
-    let row: Pid = diesel_async::RunQueryDsl::get_result(
-        diesel::sql_query("SELECT pg_backend_pid() AS pid"),
-        conn,
-    )
-    .await
-    .unwrap();
-    row.pid
+/// The backend pid of `conn`'s session.
+pub(super) async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
+    pgfifo_tests::query::scalar(conn, "SELECT pg_backend_pid()::bigint").await as i32
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +93,7 @@ async fn the_last_two_jobs_ending_at_once_enqueue_the_callback_once() {
     let batch = two_job_batch(&db).await;
     let mut first = db.direct().await;
     let mut second = db.direct().await;
-    let holder = backend_pid(&db, &mut first).await;
+    let holder = backend_pid(&mut first).await;
     complete_uncommitted(&mut first, batch.job_ids[0]).await;
     let b = batch.job_ids[1];
     let waiter = tokio::spawn(async move {
@@ -132,7 +121,7 @@ async fn a_completion_that_rolls_back_takes_its_count_and_callback_with_it() {
     let batch = two_job_batch(&db).await;
     let mut first = db.direct().await;
     let mut second = db.direct().await;
-    let holder = backend_pid(&db, &mut first).await;
+    let holder = backend_pid(&mut first).await;
     complete_uncommitted(&mut first, batch.job_ids[0]).await;
     let b = batch.job_ids[1];
     let waiter = tokio::spawn(async move {

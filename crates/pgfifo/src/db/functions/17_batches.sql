@@ -134,17 +134,14 @@ $$;
 -- p_n jobs join batch p_batch's counts as remaining (new jobs, or failed
 -- jobs an operator retried: p_failed of them leave 'failed'), spread over
 -- its 64 shards (shard i takes the i-th share). Locks the shard rows in
--- shard order; returns how many shards it created. The caller locks the
--- batch's row after (batch_count_jobs), or every batch's rows after every
--- batch's shards (batch_retried).
+-- shard order; batch_count_jobs locks the batch's row after.
 CREATE OR REPLACE FUNCTION pgfifo.batch_count_shards(p_batch bigint, p_n integer, p_failed integer)
-RETURNS integer
+RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_before  integer;
     v_share   integer;
-    v_new     integer := 0;
 BEGIN
     FOR v_shard IN 0 .. least(p_n, 64) - 1 LOOP
         v_share := p_n / 64 + CASE WHEN v_shard < p_n % 64 THEN 1 ELSE 0 END;
@@ -154,7 +151,6 @@ BEGIN
         IF NOT FOUND THEN
             INSERT INTO pgfifo.batch_shard (batch_id, shard, remaining)
             VALUES (p_batch, v_shard, v_share);
-            v_new := v_new + 1;
         ELSE
             UPDATE pgfifo.batch_shard SET remaining = remaining + v_share
             WHERE batch_id = p_batch AND shard = v_shard;
@@ -166,7 +162,6 @@ BEGIN
             WHERE batch_id = p_batch AND shard = 0;
         END IF;
     END LOOP;
-    RETURN v_new;
 END
 $$;
 
@@ -178,7 +173,6 @@ RETURNS timestamptz
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_new     integer;
     v_closed  timestamptz;
 BEGIN
     -- (Read without a lock: the lock comes after the shards'.)
@@ -187,10 +181,9 @@ BEGIN
             USING ERRCODE = 'no_data_found', CONSTRAINT = 'pgfifo_batch_missing',
                   DETAIL = p_batch::text;
     END IF;
-    v_new := pgfifo.batch_count_shards(p_batch, p_n, p_failed);
+    PERFORM pgfifo.batch_count_shards(p_batch, p_n, p_failed);
     UPDATE pgfifo.batch AS b
-    SET total = b.total + p_n - p_failed,
-        shards = b.shards + v_new
+    SET total = b.total + p_n - p_failed
     WHERE b.id = p_batch
     RETURNING b.closed_at INTO v_closed;
     RETURN v_closed;
@@ -220,8 +213,7 @@ BEGIN
     INTO v_bids, v_outs
     FROM unnest(p_ids, p_outcomes) AS t(id, outcome)
     CROSS JOIN LATERAL (SELECT x.batch_id FROM pgfifo.batch_job AS x
-                        WHERE x.job_id = t.id) AS m
-    WHERE t.outcome IN ('succeeded', 'failed', 'cancelled');
+                        WHERE x.job_id = t.id) AS m;
     IF v_bids IS NOT NULL THEN
         PERFORM pgfifo.batch_count_outcomes(v_bids, v_outs);
     END IF;
@@ -329,13 +321,13 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_row     record;
-    v_batches bigint[] := '{}';
-    v_new     integer[] := '{}';
 BEGIN
-    -- Every batch's shards, batches in id order, then every batch's row, in
-    -- id order: the order a completion takes them in. (Shards then row per
-    -- batch could hold one batch's row while waiting for another batch's
-    -- shard that a completion holds while it waits for that row.)
+    -- Only the batches' shards, batches in id order; their rows are left
+    -- alone (the batches' totals do not change). Locking each batch's row
+    -- after its shards, as adding jobs does, could hold one batch's row
+    -- while waiting for another batch's shard that a completion holds
+    -- while it waits for that row (completions take every batch's shards,
+    -- then the rows).
     FOR v_row IN
         WITH member AS MATERIALIZED (
             SELECT m.batch_id FROM unnest(p_ids) AS t(id)
@@ -344,12 +336,7 @@ BEGIN
         SELECT member.batch_id, count(*)::integer AS n FROM member
         GROUP BY 1 ORDER BY 1
     LOOP
-        v_batches := v_batches || v_row.batch_id;
-        v_new := v_new || pgfifo.batch_count_shards(v_row.batch_id, v_row.n, v_row.n);
-    END LOOP;
-    FOR v_i IN 1 .. cardinality(v_batches) LOOP
-        UPDATE pgfifo.batch AS b SET shards = b.shards + v_new[v_i]
-        WHERE b.id = v_batches[v_i];
+        PERFORM pgfifo.batch_count_shards(v_row.batch_id, v_row.n, v_row.n);
     END LOOP;
 END
 $$;
