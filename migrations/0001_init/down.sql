@@ -9,6 +9,8 @@ DROP FUNCTION IF EXISTS pgfifo.micros_until(timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS pgfifo.run_after(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.group_lock_key(text, text);
 DROP FUNCTION IF EXISTS pgfifo.group_hash(text, text);
+DROP FUNCTION IF EXISTS pgfifo.part_of(text, text);
+DROP FUNCTION IF EXISTS pgfifo.job_part(text, text, bigint);
 DROP TABLE IF EXISTS pgfifo.runner;
 DROP TABLE IF EXISTS pgfifo.group_pause;
 DROP TABLE IF EXISTS pgfifo.queue_setting;

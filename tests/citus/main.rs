@@ -24,6 +24,7 @@
 
 mod controls;
 mod coordinator;
+mod distributed;
 mod drain;
 mod faults;
 mod jobs;

@@ -78,6 +78,7 @@ fn status_first(applied: usize, functions: FunctionsStatus) -> SchemaStatus {
             })
             .collect(),
         functions,
+        layout: migrate::Layout::Plain,
     }
 }
 
@@ -454,5 +455,30 @@ async fn down_one_and_up_again_reinstalls_the_functions_it_dropped() {
     assert_eq!(migrated.applied, since_0008);
     assert!(migrated.functions_installed);
     assert_eq!(scalar(&mut conn, installed).await, 4);
+    migrate::check_current(&mut conn).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distribute_refuses_a_database_without_citus_and_changes_nothing() {
+    let db = FreshDb::new("mig").await;
+    let mut conn = db.connect().await;
+    // Before any migration: no citus, so that is the error (not the schema).
+    let refused = migrate::distribute(&mut conn)
+        .await
+        .expect_err("distributed without citus");
+    assert!(matches!(refused, pgfifo::Error::CitusMissing), "{refused}");
+    migrate::migrate_conn(&mut conn).await.unwrap();
+    let before = schema_objects(&mut conn).await;
+    let refused = migrate::distribute(&mut conn)
+        .await
+        .expect_err("distributed without citus");
+    assert!(matches!(refused, pgfifo::Error::CitusMissing), "{refused}");
+    assert!(
+        refused.to_string().contains("CREATE EXTENSION citus"),
+        "the error says what to do: {refused}"
+    );
+    assert_eq!(schema_objects(&mut conn).await, before);
+    let status = migrate::status(&mut conn).await.unwrap();
+    assert_eq!(status.layout, migrate::Layout::Plain);
     migrate::check_current(&mut conn).await.unwrap();
 }

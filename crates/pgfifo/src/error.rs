@@ -106,6 +106,28 @@ pub enum Error {
         /// The release that installed them.
         installed_by: String,
     },
+    /// [`distribute`](crate::migrate::distribute) was called on a database
+    /// without the citus extension.
+    #[error(
+        "laying pgfifo out over Citus needs the citus extension in this database, and the \
+         coordinator's URL: run CREATE EXTENSION citus on the coordinator (docs/scaling.md)"
+    )]
+    CitusMissing,
+    /// A migration was run on a Citus worker node: pgfifo's schema is laid
+    /// out, and applications connect, through the coordinator.
+    #[error(
+        "this database is on a Citus worker node: run pgfifo migrate (and point the \
+         application) at the coordinator"
+    )]
+    CitusWorker,
+    /// The database's tables have the distributed layout (Citus), which
+    /// this release's runners and API do not run on yet.
+    #[error(
+        "the pgfifo tables of this database are distributed over Citus, and pgfifo {} \
+         cannot run on that layout yet (docs/scaling.md)",
+        crate::migrate::RELEASE
+    )]
+    DistributedLayoutUnsupported,
     /// No connection could be taken from the pool in time, or the pool
     /// could not open one.
     #[error("could not get a database connection from the pool: {0}")]

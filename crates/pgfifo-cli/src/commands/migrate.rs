@@ -1,7 +1,7 @@
 //! `pgfifo migrate up | down N | status`.
 
 use pgfifo::diesel_async::AsyncPgConnection;
-use pgfifo::migrate::{self, FunctionsStatus, MigrationStatus, SchemaStatus, MIGRATIONS};
+use pgfifo::migrate::{self, FunctionsStatus, Layout, MigrationStatus, SchemaStatus, MIGRATIONS};
 use serde::Serialize;
 
 use crate::error::{CliError, CliResult};
@@ -156,5 +156,9 @@ fn render_status(status: &SchemaStatus) -> String {
     } else {
         "the functions are not this release's: run `pgfifo migrate up`".to_owned()
     };
-    format!("{}\n{functions}\n{summary}", table.render())
+    let layout = match status.layout {
+        Layout::Plain => String::new(),
+        Layout::Distributed => "layout: distributed over Citus (docs/scaling.md)\n".to_owned(),
+    };
+    format!("{}\n{functions}\n{layout}{summary}", table.render())
 }

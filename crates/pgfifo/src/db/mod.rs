@@ -11,6 +11,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod batch;
+pub(crate) mod citus;
 pub(crate) mod dependency;
 pub(crate) mod enqueue;
 pub(crate) mod enqueue_window;

@@ -1,5 +1,5 @@
--- Small helpers the other functions call: the fixed hash and the advisory
--- lock key of a group, a new job's start time, microseconds until a time,
+-- Small helpers the other functions call: the fixed hash, the part and the
+-- advisory lock key of a group, a new job's start time, microseconds until a time,
 -- and the isolation check of the operator functions.
 --
 -- Installed whole by `migrate` (CREATE OR REPLACE) after the numbered
@@ -10,6 +10,20 @@
 CREATE OR REPLACE FUNCTION pgfifo.group_hash(p_queue text, p_group text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN hashtext(p_queue || chr(31) || p_group);
+
+-- The part of a group: its fixed hash modulo 1024. In the distributed
+-- layout (Citus, docs/scaling.md) a group's rows are spread by it, so a
+-- group never moves between parts; in a plain database nothing reads it.
+CREATE OR REPLACE FUNCTION pgfifo.part_of(p_queue text, p_group text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN hashtext(p_queue || chr(31) || p_group) & 1023;
+
+-- The part of a job: its group's, or for an ungrouped job its id modulo
+-- 1024 (ungrouped jobs spread over every part).
+CREATE OR REPLACE FUNCTION pgfifo.job_part(p_queue text, p_group text, p_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN p_group IS NULL THEN (p_id & 1023)::integer
+            ELSE hashtext(p_queue || chr(31) || p_group) & 1023 END;
 
 -- The advisory lock key of a group (see enqueue and advance_head), in
 -- pgfifo's own two-key space (class 0x70676666, "pgff") so it never meets the

@@ -26,6 +26,9 @@
 //! ([`check_current`]) and refuses otherwise, naming both versions and the
 //! command to run.
 
+mod layout;
+mod sources;
+
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use serde::Serialize;
 
@@ -33,158 +36,8 @@ use crate::db::pooler::pinned;
 use crate::db::{self, Pool};
 use crate::{Error, Result};
 
-/// One embedded migration.
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    /// Its version, increasing from 1.
-    pub version: i64,
-    /// Its short name (the directory name without the version).
-    pub name: &'static str,
-    /// The pgfifo release that introduced it.
-    pub release: &'static str,
-    /// The SQL that applies it.
-    pub up: &'static str,
-    /// The SQL that reverts it.
-    pub down: &'static str,
-}
-
-/// Every migration this library ships, oldest first.
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        release: "0.1.0",
-        up: include_str!("../migrations/0001_init/up.sql"),
-        down: include_str!("../migrations/0001_init/down.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "operate",
-        release: "0.1.0",
-        up: include_str!("../migrations/0002_operate/up.sql"),
-        down: include_str!("../migrations/0002_operate/down.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "functions",
-        release: "0.2.0",
-        up: include_str!("../migrations/0003_functions/up.sql"),
-        down: include_str!("../migrations/0003_functions/down.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "schedules",
-        release: "0.2.0",
-        up: include_str!("../migrations/0004_schedules/up.sql"),
-        down: include_str!("../migrations/0004_schedules/down.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "throughput",
-        release: "0.2.0",
-        up: include_str!("../migrations/0005_throughput/up.sql"),
-        down: include_str!("../migrations/0005_throughput/down.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "group_controls",
-        release: "0.2.0",
-        up: include_str!("../migrations/0006_group_controls/up.sql"),
-        down: include_str!("../migrations/0006_group_controls/down.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "long_runs",
-        release: "0.2.0",
-        up: include_str!("../migrations/0007_long_runs/up.sql"),
-        down: include_str!("../migrations/0007_long_runs/down.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "fair_shares",
-        release: "0.3.0",
-        up: include_str!("../migrations/0008_fair_shares/up.sql"),
-        down: include_str!("../migrations/0008_fair_shares/down.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "trace_context",
-        release: "0.3.0",
-        up: include_str!("../migrations/0009_trace_context/up.sql"),
-        down: include_str!("../migrations/0009_trace_context/down.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "dedup_windows",
-        release: "0.3.0",
-        up: include_str!("../migrations/0010_dedup_windows/up.sql"),
-        down: include_str!("../migrations/0010_dedup_windows/down.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "queue_limits",
-        release: "0.3.0",
-        up: include_str!("../migrations/0011_queue_limits/up.sql"),
-        down: include_str!("../migrations/0011_queue_limits/down.sql"),
-    },
-    Migration {
-        version: 12,
-        name: "batches",
-        release: "0.3.0",
-        up: include_str!("../migrations/0012_batches/up.sql"),
-        down: include_str!("../migrations/0012_batches/down.sql"),
-    },
-    Migration {
-        version: 13,
-        name: "dependencies",
-        release: "0.3.0",
-        up: include_str!("../migrations/0013_dependencies/up.sql"),
-        down: include_str!("../migrations/0013_dependencies/down.sql"),
-    },
-];
-
-/// One source file of the schema's functions.
-#[derive(Debug, Clone, Copy)]
-pub struct FunctionSource {
-    /// The file's name in `src/db/functions/`.
-    pub file: &'static str,
-    /// Its SQL: `CREATE OR REPLACE FUNCTION` statements.
-    pub sql: &'static str,
-}
-
-macro_rules! function_sources {
-    ($($file:literal),+ $(,)?) => {
-        &[$(FunctionSource { file: $file, sql: include_str!(concat!("db/functions/", $file)) }),+]
-    };
-}
-
-/// The schema's functions, in installation order.
-pub const FUNCTIONS: &[FunctionSource] = function_sources![
-    "00_helpers.sql",
-    "10_enqueue.sql",
-    "11_enqueue_window.sql",
-    "12_add_job.sql",
-    "15_controls.sql",
-    "16_queue_limits.sql",
-    "17_batches.sql",
-    "17_batches_take.sql",
-    "18_dependencies.sql",
-    "19_dependencies_api.sql",
-    "20_promote.sql",
-    "30_advance_head.sql",
-    "40_pick.sql",
-    "45_long_run.sql",
-    "50_start_attempts.sql",
-    "60_complete.sql",
-    "70_lock_group.sql",
-    "71_retry.sql",
-    "72_cancel.sql",
-    "73_skip_head.sql",
-    "74_pause.sql",
-    "75_failure_policy.sql",
-    "80_retention.sql",
-    "90_estimate.sql",
-];
+pub use layout::Layout;
+pub use sources::{FunctionSource, Migration, FUNCTIONS, MIGRATIONS};
 
 /// This library's release.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
@@ -212,12 +65,12 @@ pub const ADVISORY_KEY_BASE: i64 = 0x7067_6666 << 32;
 /// The advisory lock that serializes migrations.
 const MIGRATION_LOCK: i64 = ADVISORY_KEY_BASE;
 
-/// All function sources in installation order, as one text (what the
-/// recorded checksum is taken of).
-fn function_sources() -> String {
+/// All function sources in installation order, in their form for
+/// `layout`, as one text (what the recorded checksum is taken of).
+fn function_sources(layout: Layout) -> String {
     FUNCTIONS
         .iter()
-        .map(|f| f.sql)
+        .map(|f| layout::expand(f.sql, layout))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -259,6 +112,8 @@ pub struct SchemaStatus {
     pub migrations: Vec<MigrationStatus>,
     /// The functions.
     pub functions: FunctionsStatus,
+    /// Where the tables live.
+    pub layout: Layout,
 }
 
 impl SchemaStatus {
@@ -299,7 +154,9 @@ pub async fn migrate(pool: &Pool) -> Result<Migrated> {
 /// [`migrate`] on a connection you already hold (not inside a transaction).
 pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Migrated> {
     conn.transaction::<_, Error, _>(async |conn| {
+        refuse_worker(conn).await?;
         db::migrate::lock_and_prepare(conn, MIGRATION_LOCK).await?;
+        let layout = layout_of(conn).await?;
         let applied = db::migrate::applied(conn).await?.unwrap_or_default();
         if let Some(newest) = applied.last() {
             if newest.version > latest_version() {
@@ -311,7 +168,7 @@ pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Migrated> {
             if applied.iter().any(|a| a.version == m.version) {
                 continue;
             }
-            db::migrate::run_script(conn, m.up).await?;
+            db::migrate::run_script(conn, &layout::expand(m.up, layout)).await?;
             db::migrate::record(conn, m.version, m.name, m.up).await?;
             tracing::info!(
                 version = m.version,
@@ -320,18 +177,100 @@ pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Migrated> {
             );
             done.applied.push(m.version);
         }
-        let sources = function_sources();
-        let ours = db::migrate::md5(conn, &sources).await?;
-        let installed = db::migrate::installed_functions(conn).await?;
-        if installed.is_none_or(|f| f.checksum != ours) {
-            for source in FUNCTIONS {
-                db::migrate::run_script(conn, source.sql).await?;
-            }
-            db::migrate::record_functions(conn, &sources, RELEASE).await?;
-            tracing::info!(release = RELEASE, "installed pgfifo functions");
-            done.functions_installed = true;
-        }
+        done.functions_installed = install_functions(conn, layout, false).await?;
         Ok(done)
+    })
+    .await
+}
+
+/// The layout of the database's tables.
+async fn layout_of(conn: &mut AsyncPgConnection) -> Result<Layout> {
+    Ok(if db::citus::distributed(conn).await? {
+        Layout::Distributed
+    } else {
+        Layout::Plain
+    })
+}
+
+/// Fails with [`Error::CitusWorker`] on a Citus worker node, where the
+/// schema's DDL is refused: it is laid out through the coordinator.
+async fn refuse_worker(conn: &mut AsyncPgConnection) -> Result<()> {
+    if db::citus::citus_version(conn).await?.is_some() && db::citus::on_worker(conn).await? {
+        return Err(Error::CitusWorker);
+    }
+    Ok(())
+}
+
+/// Installs the functions in their form for `layout` unless the database
+/// has that set already (or always, with `force`). Returns whether it
+/// installed them. Runs in the caller's migration transaction.
+async fn install_functions(
+    conn: &mut AsyncPgConnection,
+    layout: Layout,
+    force: bool,
+) -> Result<bool> {
+    let sources = function_sources(layout);
+    let ours = db::migrate::md5(conn, &sources).await?;
+    let installed = db::migrate::installed_functions(conn).await?;
+    if !force && installed.is_some_and(|f| f.checksum == ours) {
+        return Ok(false);
+    }
+    for source in FUNCTIONS {
+        db::migrate::run_script(conn, &layout::expand(source.sql, layout)).await?;
+    }
+    db::migrate::record_functions(conn, &sources, RELEASE).await?;
+    tracing::info!(release = RELEASE, ?layout, "installed pgfifo functions");
+    Ok(true)
+}
+
+/// What [`distribute`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Distributed {
+    /// The tables were spread over the cluster and the functions
+    /// reinstalled in their distributed form.
+    Now,
+    /// The database had the distributed layout already.
+    Already,
+}
+
+/// Lays pgfifo's tables out over a Citus cluster, on its coordinator:
+/// every row of a group (its row, jobs, attempts, controls…) gets the
+/// group's part and the tables are distributed by it, co-located; the
+/// batches' rows are distributed by batch; queue settings, queue limits
+/// and schedules become reference tables (see `db/citus/distribute.sql`
+/// and docs/scaling.md). In one transaction, under the migrations' lock;
+/// it copies every row, so run it with runners stopped.
+///
+/// **Work in progress** (issue 31): the functions are not all ported to
+/// the distributed layout yet, so a runner refuses a distributed database
+/// ([`Error::DistributedLayoutUnsupported`]). Hidden until they are.
+///
+/// Fails, changing nothing, with [`Error::CitusMissing`] when the database
+/// has no citus extension, [`Error::CitusWorker`] on a worker node, and
+/// [`Error::SchemaOutdated`] unless [`migrate`] ran first.
+#[doc(hidden)]
+pub async fn distribute(conn: &mut AsyncPgConnection) -> Result<Distributed> {
+    conn.transaction::<_, Error, _>(async |conn| {
+        if db::citus::citus_version(conn).await?.is_none() {
+            return Err(Error::CitusMissing);
+        }
+        refuse_worker(conn).await?;
+        db::migrate::lock_and_prepare(conn, MIGRATION_LOCK).await?;
+        if layout_of(conn).await? == Layout::Distributed {
+            return Ok(Distributed::Already);
+        }
+        let applied = db::migrate::applied(conn).await?.unwrap_or_default();
+        let newest = applied.last().map(|a| a.version);
+        if newest != Some(latest_version()) {
+            return Err(Error::SchemaOutdated {
+                found: newest,
+                needed: latest_version(),
+            });
+        }
+        db::citus::distribute(conn).await?;
+        install_functions(conn, Layout::Distributed, true).await?;
+        tracing::info!("laid pgfifo's tables out over the Citus cluster");
+        Ok(Distributed::Now)
     })
     .await
 }
@@ -341,6 +280,7 @@ pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Migrated> {
 pub async fn rollback(conn: &mut AsyncPgConnection, steps: usize) -> Result<Vec<i64>> {
     conn.transaction::<_, Error, _>(async |conn| {
         db::migrate::lock_and_prepare(conn, MIGRATION_LOCK).await?;
+        let layout = layout_of(conn).await?;
         let applied = db::migrate::applied(conn).await?.unwrap_or_default();
         let mut done = Vec::new();
         for row in applied.iter().rev().take(steps) {
@@ -348,7 +288,7 @@ pub async fn rollback(conn: &mut AsyncPgConnection, steps: usize) -> Result<Vec<
                 .iter()
                 .find(|m| m.version == row.version)
                 .ok_or(Error::SchemaTooNew(row.version))?;
-            db::migrate::run_script(conn, m.down).await?;
+            db::migrate::run_script(conn, &layout::expand(m.down, layout)).await?;
             db::migrate::forget(conn, m.version).await?;
             tracing::info!(
                 version = m.version,
@@ -386,20 +326,22 @@ pub async fn status(conn: &mut AsyncPgConnection) -> Result<SchemaStatus> {
                 });
             }
         }
-        let functions = functions_status(conn).await?;
+        let layout = layout_of(conn).await?;
+        let functions = functions_status(conn, layout).await?;
         Ok(SchemaStatus {
             migrations,
             functions,
+            layout,
         })
     })
     .await
 }
 
-async fn functions_status(conn: &mut AsyncPgConnection) -> Result<FunctionsStatus> {
+async fn functions_status(conn: &mut AsyncPgConnection, layout: Layout) -> Result<FunctionsStatus> {
     Ok(match db::migrate::installed_functions(conn).await? {
         None => FunctionsStatus::Unrecorded,
         Some(installed) => {
-            if installed.checksum == db::migrate::md5(conn, &function_sources()).await? {
+            if installed.checksum == db::migrate::md5(conn, &function_sources(layout)).await? {
                 FunctionsStatus::Current
             } else {
                 FunctionsStatus::Different {
@@ -434,7 +376,11 @@ pub async fn check_current(conn: &mut AsyncPgConnection) -> Result<()> {
                 })
             }
         }
-        match functions_status(conn).await? {
+        let layout = layout_of(conn).await?;
+        match functions_status(conn, layout).await? {
+            FunctionsStatus::Current if layout == Layout::Distributed => {
+                Err(Error::DistributedLayoutUnsupported)
+            }
             FunctionsStatus::Current => Ok(()),
             FunctionsStatus::Different { installed_by } => {
                 Err(Error::FunctionsDiffer { installed_by })

@@ -1,0 +1,144 @@
+-- The distributed layout (docs/scaling.md, "On Citus"): pgfifo's tables
+-- spread over a Citus cluster's workers by part, a fixed hash of a group's
+-- queue and name modulo 1024 (pgfifo.part_of). Run once, on the
+-- coordinator, by pgfifo::migrate::distribute, in the transaction that then
+-- reinstalls the functions in their distributed form; runners stopped
+-- (create_distributed_table copies every row and locks each table).
+--
+-- Three kinds of table:
+--  * a group's rows, distributed by part and co-located with
+--    pgfifo.queue_group, so that a group's row, its jobs, their attempts,
+--    trace contexts, batch membership and dependencies, its pause, wake-up,
+--    controls, rate bucket, slots, snooze, share and long run share one
+--    shard. An ungrouped job's part is its id modulo 1024. A dedup window's
+--    part is that of its queue and key, as if the key were a group.
+--  * the batches' own rows (batch, batch_shard, batch_callback),
+--    distributed by batch id in a colocation group of their own;
+--  * small tables read everywhere and written rarely (queue settings and
+--    limits, schedules), reference tables: a copy on every node.
+-- The runners' registry, the per-minute counts and the schema's bookkeeping
+-- stay ordinary tables on the coordinator: only the coordinator's sessions
+-- read or write them.
+--
+-- Every primary key and unique index of a distributed table must hold the
+-- distribution column, so they gain `part`: a unique key is unique within
+-- its part (documented), and a group's long run within the group as before.
+
+-- One connection per node for the whole transaction: the schedules'
+-- foreign key (to a table made a reference table below) requires it once
+-- the transaction has written to distributed tables in parallel.
+SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
+
+CREATE TABLE pgfifo.schema_layout (
+    id          boolean     PRIMARY KEY DEFAULT true CHECK (id),
+    layout      text        NOT NULL CHECK (layout = 'distributed'),
+    parts       integer     NOT NULL,
+    citus       text        NOT NULL,
+    laid_out_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO pgfifo.schema_layout (layout, parts, citus)
+SELECT 'distributed', 1024, extversion FROM pg_extension WHERE extname = 'citus';
+
+-- The part of every row.
+ALTER TABLE pgfifo.queue_group   ADD COLUMN part integer;
+ALTER TABLE pgfifo.group_pause   ADD COLUMN part integer;
+ALTER TABLE pgfifo.group_wake    ADD COLUMN part integer;
+ALTER TABLE pgfifo.group_control ADD COLUMN part integer;
+ALTER TABLE pgfifo.group_bucket  ADD COLUMN part integer;
+ALTER TABLE pgfifo.group_slot    ADD COLUMN part integer;
+ALTER TABLE pgfifo.group_snooze  ADD COLUMN part integer;
+ALTER TABLE pgfifo.group_share   ADD COLUMN part integer;
+ALTER TABLE pgfifo.job           ADD COLUMN part integer;
+ALTER TABLE pgfifo.job_run       ADD COLUMN part integer;
+ALTER TABLE pgfifo.job_attempt   ADD COLUMN part integer;
+ALTER TABLE pgfifo.job_trace     ADD COLUMN part integer;
+ALTER TABLE pgfifo.batch_job     ADD COLUMN part integer;
+ALTER TABLE pgfifo.job_dependency ADD COLUMN part integer;
+ALTER TABLE pgfifo.job_wait      ADD COLUMN part integer;
+ALTER TABLE pgfifo.job_window    ADD COLUMN part integer;
+
+UPDATE pgfifo.queue_group   SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.group_pause   SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.group_wake    SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.group_control SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.group_bucket  SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.group_slot    SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.group_snooze  SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.group_share   SET part = pgfifo.part_of(queue, group_id);
+UPDATE pgfifo.job           SET part = pgfifo.job_part(queue, group_id, id);
+UPDATE pgfifo.job_run       SET part = pgfifo.job_part(queue, group_id, job_id);
+UPDATE pgfifo.job_window    SET part = pgfifo.part_of(queue, key);
+-- Rows of jobs: their job's part. A row whose job is gone (none should be)
+-- takes the part of its id, as an ungrouped job would.
+UPDATE pgfifo.job_attempt AS t SET part = coalesce(
+    (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
+UPDATE pgfifo.job_trace AS t SET part = coalesce(
+    (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
+UPDATE pgfifo.batch_job AS t SET part = coalesce(
+    (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
+UPDATE pgfifo.job_dependency AS t SET part = coalesce(
+    (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
+UPDATE pgfifo.job_wait AS t SET part = coalesce(
+    (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
+
+ALTER TABLE pgfifo.queue_group   ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.group_pause   ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.group_wake    ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.group_control ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.group_bucket  ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.group_slot    ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.group_snooze  ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.group_share   ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.job           ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.job_run       ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.job_attempt   ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.job_trace     ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.batch_job     ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.job_dependency ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.job_wait      ALTER COLUMN part SET NOT NULL;
+ALTER TABLE pgfifo.job_window    ALTER COLUMN part SET NOT NULL;
+
+-- Keys with the part first.
+ALTER TABLE pgfifo.queue_group DROP CONSTRAINT queue_group_pkey,
+    ADD PRIMARY KEY (part, queue, group_id);
+ALTER TABLE pgfifo.group_pause DROP CONSTRAINT group_pause_pkey,
+    ADD PRIMARY KEY (part, queue, group_id);
+ALTER TABLE pgfifo.group_control DROP CONSTRAINT group_control_pkey,
+    ADD PRIMARY KEY (part, queue, group_id);
+ALTER TABLE pgfifo.group_bucket DROP CONSTRAINT group_bucket_pkey,
+    ADD PRIMARY KEY (part, queue, group_id);
+ALTER TABLE pgfifo.group_slot DROP CONSTRAINT group_slot_pkey,
+    ADD PRIMARY KEY (part, queue, group_id, slot);
+ALTER TABLE pgfifo.group_snooze DROP CONSTRAINT group_snooze_pkey,
+    ADD PRIMARY KEY (part, queue, group_id);
+ALTER TABLE pgfifo.group_share DROP CONSTRAINT group_share_pkey,
+    ADD PRIMARY KEY (part, queue, group_id);
+ALTER TABLE pgfifo.job DROP CONSTRAINT job_pkey, ADD PRIMARY KEY (part, id);
+DROP INDEX pgfifo.job_unique_key_idx;
+CREATE UNIQUE INDEX job_unique_key_idx ON pgfifo.job (part, queue, unique_key)
+    WHERE unique_key IS NOT NULL AND state = 'queued';
+ALTER TABLE pgfifo.job_run DROP CONSTRAINT job_run_pkey, ADD PRIMARY KEY (part, job_id);
+DROP INDEX pgfifo.job_run_group_idx;
+CREATE UNIQUE INDEX job_run_group_idx ON pgfifo.job_run (part, queue, group_id);
+ALTER TABLE pgfifo.job_attempt DROP CONSTRAINT job_attempt_pkey,
+    ADD PRIMARY KEY (part, job_id, attempt);
+ALTER TABLE pgfifo.job_trace DROP CONSTRAINT job_trace_pkey, ADD PRIMARY KEY (part, job_id);
+-- A job's batch is on another shard: the foreign key cannot stay (retention
+-- deletes a batch's jobs' rows itself in this layout).
+ALTER TABLE pgfifo.batch_job DROP CONSTRAINT batch_job_batch_id_fkey,
+    DROP CONSTRAINT batch_job_pkey, ADD PRIMARY KEY (part, job_id);
+ALTER TABLE pgfifo.job_wait DROP CONSTRAINT job_wait_pkey, ADD PRIMARY KEY (part, job_id);
+ALTER TABLE pgfifo.job_window DROP CONSTRAINT job_window_pkey, ADD PRIMARY KEY (part, queue, key);
+
+-- Spread.
+SELECT create_distributed_table('pgfifo.queue_group', 'part', shard_count := 32);
+SELECT create_distributed_table('pgfifo.' || t, 'part', colocate_with := 'pgfifo.queue_group')
+FROM unnest(ARRAY['group_pause', 'group_wake', 'group_control', 'group_bucket', 'group_slot',
+                  'group_snooze', 'group_share', 'job', 'job_run', 'job_attempt', 'job_trace',
+                  'batch_job', 'job_dependency', 'job_wait', 'job_window']) AS t;
+SELECT create_distributed_table('pgfifo.batch', 'id', shard_count := 32, colocate_with := 'none');
+SELECT create_distributed_table('pgfifo.' || t, 'batch_id', colocate_with := 'pgfifo.batch')
+FROM unnest(ARRAY['batch_shard', 'batch_callback']) AS t;
+SELECT create_reference_table('pgfifo.' || t)
+FROM unnest(ARRAY['queue_setting', 'queue_control', 'queue_slot', 'queue_bucket',
+                  'schedule', 'schedule_tick']) AS t;

@@ -1,0 +1,60 @@
+//! The statements of the distributed layout ([`crate::migrate::distribute`],
+//! docs/scaling.md): which layout a database has, whether Citus is
+//! there, and the layout's DDL (`distribute.sql`).
+
+use diesel::sql_types::{Nullable, Text};
+use diesel::QueryableByName;
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+
+/// Adds the part to every row, rebuilds the keys around it and spreads the
+/// tables over the cluster.
+const DISTRIBUTE: &str = include_str!("distribute.sql");
+
+#[derive(QueryableByName)]
+struct Found {
+    #[diesel(sql_type = Nullable<Text>)]
+    found: Option<String>,
+}
+
+/// Whether the database's pgfifo tables have the distributed layout:
+/// `pgfifo.schema_layout` records it (plain otherwise).
+pub(crate) async fn distributed(conn: &mut AsyncPgConnection) -> diesel::QueryResult<bool> {
+    let row: Found = diesel::sql_query("SELECT to_regclass('pgfifo.schema_layout')::text AS found")
+        .get_result(conn)
+        .await?;
+    if row.found.is_none() {
+        return Ok(false);
+    }
+    let row: Found = diesel::sql_query("SELECT max(layout) AS found FROM pgfifo.schema_layout")
+        .get_result(conn)
+        .await?;
+    Ok(row.found.as_deref() == Some("distributed"))
+}
+
+/// The version of the citus extension in this database, if it has one.
+pub(crate) async fn citus_version(
+    conn: &mut AsyncPgConnection,
+) -> diesel::QueryResult<Option<String>> {
+    let row: Found = diesel::sql_query(
+        "SELECT max(extversion) AS found FROM pg_extension WHERE extname = 'citus'",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.found)
+}
+
+/// Whether this session is on a Citus worker rather than the coordinator
+/// (the coordinator has node group 0).
+pub(crate) async fn on_worker(conn: &mut AsyncPgConnection) -> diesel::QueryResult<bool> {
+    let row: Found =
+        diesel::sql_query("SELECT max((groupid <> 0)::text) AS found FROM pg_dist_local_group")
+            .get_result(conn)
+            .await?;
+    Ok(row.found.as_deref() == Some("true"))
+}
+
+/// Lays the tables out over the cluster (`distribute.sql`), in the
+/// caller's transaction.
+pub(crate) async fn distribute(conn: &mut AsyncPgConnection) -> diesel::QueryResult<()> {
+    conn.batch_execute(DISTRIBUTE).await
+}

@@ -1,0 +1,109 @@
+//! Where pgfifo's tables live: on one PostgreSQL server (the plain layout)
+//! or spread over the workers of a Citus cluster (the distributed layout,
+//! docs/scaling.md).
+//!
+//! One set of SQL serves both. A part of a migration or a function that
+//! only the distributed layout needs is written inside a `/*@dist … */`
+//! comment: a plain database runs the text as it is, so the comment is
+//! skipped, and a distributed one runs it with each such comment replaced
+//! by its content (a column `part`, the predicate that names a row's part).
+//! A migration's recorded checksum is that of its text as shipped; the
+//! functions' is that of the text as installed, so a database records
+//! which form it has.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+
+/// How pgfifo's tables are laid out in a database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// Every table on the server the application connects to: a plain
+    /// PostgreSQL, or a Citus coordinator that keeps them as local tables.
+    Plain,
+    /// Spread over a Citus cluster by part (a fixed hash of a group's queue
+    /// and name), laid out by [`distribute`](crate::migrate::distribute).
+    Distributed,
+}
+
+/// The opening of a passage for the distributed layout only.
+const MARK: &str = "/*@dist";
+
+/// `sql` as it runs in `layout`: unchanged in the plain layout; in the
+/// distributed one with every `/*@dist … */` replaced by its content.
+pub(crate) fn expand(sql: &str, layout: Layout) -> Cow<'_, str> {
+    if layout == Layout::Plain || !sql.contains(MARK) {
+        return Cow::Borrowed(sql);
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find(MARK) {
+        out.push_str(&rest[..at]);
+        let body = &rest[at + MARK.len()..];
+        // A passage ends at the first `*/`: its content holds no comment
+        // (PostgreSQL nests block comments, so one inside would change
+        // what the plain layout skips); `passages_are_well_formed` checks.
+        let end = body.find("*/").unwrap_or(body.len());
+        out.push_str(&body[..end]);
+        rest = body.get(end + 2..).unwrap_or("");
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// Every `/*@dist … */` passage of `sql`, for the checks below: its
+/// content, or an error saying what is wrong with it.
+#[cfg(test)]
+pub(crate) fn passages(sql: &str) -> Result<Vec<&str>, String> {
+    let mut found = Vec::new();
+    let mut rest = sql;
+    while let Some(at) = rest.find(MARK) {
+        let body = &rest[at + MARK.len()..];
+        let end = body
+            .find("*/")
+            .ok_or_else(|| "a /*@dist passage is not closed".to_owned())?;
+        let content = &body[..end];
+        if content.contains("/*") {
+            return Err(format!("a /*@dist passage holds a comment: {content}"));
+        }
+        found.push(content);
+        rest = &body[end + 2..];
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::migrate::{FUNCTIONS, MIGRATIONS};
+
+    #[test]
+    fn the_plain_layout_runs_the_text_as_shipped() {
+        let sql = "INSERT INTO t (a /*@dist , part */) VALUES (1 /*@dist , 7 */);";
+        assert_eq!(expand(sql, Layout::Plain), sql);
+    }
+
+    #[test]
+    fn the_distributed_layout_runs_each_passage() {
+        let sql = "INSERT INTO t (a /*@dist , part */) VALUES (1 /*@dist , 7 */); -- end";
+        assert_eq!(
+            expand(sql, Layout::Distributed),
+            "INSERT INTO t (a  , part ) VALUES (1  , 7 ); -- end"
+        );
+        let other = "SELECT 1 /* a plain comment */";
+        assert_eq!(expand(other, Layout::Distributed), other);
+    }
+
+    #[test]
+    fn passages_are_well_formed_in_every_source() {
+        for f in FUNCTIONS {
+            passages(f.sql).unwrap_or_else(|e| panic!("{}: {e}", f.file));
+        }
+        for m in MIGRATIONS {
+            passages(m.up).unwrap_or_else(|e| panic!("migration {}: {e}", m.version));
+        }
+        assert!(passages("/*@dist a").is_err());
+        assert!(passages("/*@dist a /* b */ c */").is_err());
+    }
+}
