@@ -10,7 +10,7 @@ DROP FUNCTION IF EXISTS pgfifo.run_after(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.group_lock_key(text, text);
 DROP FUNCTION IF EXISTS pgfifo.group_hash(text, text);
 DROP FUNCTION IF EXISTS pgfifo.part_of(text, text);
-DROP FUNCTION IF EXISTS pgfifo.job_part(text, text, bigint);
+DROP FUNCTION IF EXISTS pgfifo.job_part(text, text, bigint, text);
 DROP TABLE IF EXISTS pgfifo.runner;
 DROP TABLE IF EXISTS pgfifo.group_pause;
 DROP TABLE IF EXISTS pgfifo.queue_setting;

@@ -137,7 +137,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     assert_eq!(
         scalar(
             &mut conn,
-            "SELECT count(*) FROM pgfifo.job WHERE part <> pgfifo.job_part(queue, group_id, id)"
+            "SELECT count(*) FROM pgfifo.job WHERE part <> pgfifo.job_part(queue, group_id, id, unique_key)"
         )
         .await,
         0
@@ -145,7 +145,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     assert_eq!(
         scalar(
             &mut conn,
-            "SELECT count(*) FROM pgfifo.job WHERE group_id IS NULL AND part <> (id & 1023)"
+            "SELECT count(*) FROM pgfifo.job WHERE group_id IS NULL AND unique_key IS NULL AND part <> (id & 1023)"
         )
         .await,
         0

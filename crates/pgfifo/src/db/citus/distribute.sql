@@ -10,8 +10,9 @@
 --    pgfifo.queue_group, so that a group's row, its jobs, their attempts,
 --    trace contexts, batch membership and dependencies, its pause, wake-up,
 --    controls, rate bucket, slots, snooze, share and long run share one
---    shard. An ungrouped job's part is its id modulo 1024. A dedup window's
---    part is that of its queue and key, as if the key were a group.
+--    shard. An ungrouped job's part is that of its unique key, or its id
+--    modulo 1024 (pgfifo.job_part). A dedup window's part is that of its
+--    queue and key, as if the key were a group.
 --  * the batches' own rows (batch, batch_shard, batch_callback),
 --    distributed by batch id in a colocation group of their own;
 --  * small tables read everywhere and written rarely (queue settings and
@@ -65,13 +66,15 @@ UPDATE pgfifo.group_bucket  SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_slot    SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_snooze  SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_share   SET part = pgfifo.part_of(queue, group_id);
-UPDATE pgfifo.job           SET part = pgfifo.job_part(queue, group_id, id);
-UPDATE pgfifo.job_run       SET part = pgfifo.job_part(queue, group_id, job_id);
+UPDATE pgfifo.job           SET part = pgfifo.job_part(queue, group_id, id, unique_key);
 UPDATE pgfifo.job_window    SET part = pgfifo.part_of(queue, key);
 -- Rows of jobs: their job's part. A row whose job is gone (none should be)
 -- takes the part of its id, as an ungrouped job would.
 UPDATE pgfifo.job_attempt AS t SET part = coalesce(
     (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
+UPDATE pgfifo.job_run AS t SET part = coalesce(
+    (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id),
+    pgfifo.job_part(t.queue, t.group_id, t.job_id));
 UPDATE pgfifo.job_trace AS t SET part = coalesce(
     (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
 UPDATE pgfifo.batch_job AS t SET part = coalesce(

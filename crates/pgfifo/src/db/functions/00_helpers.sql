@@ -18,12 +18,16 @@ CREATE OR REPLACE FUNCTION pgfifo.part_of(p_queue text, p_group text) RETURNS in
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN hashtext(p_queue || chr(31) || p_group) & 1023;
 
--- The part of a job: its group's, or for an ungrouped job its id modulo
--- 1024 (ungrouped jobs spread over every part).
-CREATE OR REPLACE FUNCTION pgfifo.job_part(p_queue text, p_group text, p_id bigint) RETURNS integer
+-- The part of a job: its group's; for an ungrouped job with a unique key,
+-- that of the key (as if it were a group, apart from groups by a leading
+-- chr(30)), so that an enqueue finds the job that holds the key; for any
+-- other ungrouped job its id modulo 1024 (they spread over every part).
+CREATE OR REPLACE FUNCTION pgfifo.job_part(p_queue text, p_group text, p_id bigint,
+                                           p_key text DEFAULT NULL) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN p_group IS NULL THEN (p_id & 1023)::integer
-            ELSE hashtext(p_queue || chr(31) || p_group) & 1023 END;
+RETURN CASE WHEN p_group IS NOT NULL THEN hashtext(p_queue || chr(31) || p_group) & 1023
+            WHEN p_key IS NOT NULL THEN hashtext(p_queue || chr(31) || chr(30) || p_key) & 1023
+            ELSE (p_id & 1023)::integer END;
 
 -- The advisory lock key of a group (see enqueue and advance_head), in
 -- pgfifo's own two-key space (class 0x70676666, "pgff") so it never meets the

@@ -90,9 +90,10 @@ BEGIN
         END IF;
         v_id := nextval('pgfifo.job_id_seq');
         v_at := pgfifo.run_after(p_run_at_us[1], p_delay_us[1]);
-        INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after)
+        INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after
+                                /*@dist , part */)
         VALUES (v_id, p_queue[1], p_group[1], p_kind[1], p_payload[1], p_priority[1],
-                p_max_attempts[1], v_at);
+                p_max_attempts[1], v_at /*@dist , pgfifo.job_part(p_queue[1], p_group[1], v_id) */);
         IF p_group[1] IS NULL THEN
             v_void := pg_notify('pgfifo', p_queue[1])::text;
             RETURN ARRAY[v_id];
@@ -105,8 +106,9 @@ BEGIN
         -- poll would find it. (At concurrency 1 the next job waits for the
         -- head, and the runner finds it when the head completes.)
         -- (In one statement with the group's row; in a branch, so that a
-        -- schema without group controls never plans it.)
-        IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+        -- schema without group controls never plans it. Not in the
+        -- distributed layout, where group controls are not ported yet.)
+        IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
             SELECT g.ready_at IS NOT NULL,
                    EXISTS (SELECT 1 FROM pgfifo.group_control AS c
                            WHERE c.queue = g.queue AND c.group_id IN ('', g.group_id)
@@ -115,7 +117,8 @@ BEGIN
             WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
         ELSE
             SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
-            WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
+            WHERE g.queue = p_queue[1] AND g.group_id = p_group[1]
+              /*@dist AND g.part = pgfifo.part_of(p_queue[1], p_group[1]) */;
         END IF;
         IF v_active THEN
             IF v_wide THEN
@@ -142,10 +145,12 @@ BEGIN
         -- another enqueuer's), a head not due yet (its time reaches the
         -- runner through promote), a paused group, a held one, group
         -- controls, and a schema without them (reverted under these
-        -- functions).
+        -- functions); and every enqueue in the distributed layout, where
+        -- the lock would be taken by a statement on a worker through the
+        -- coordinator (a wake row costs the same there).
         IF v_active IS NOT NULL AND v_at <= clock_timestamp()
            AND v_alone
-           AND to_regclass('pgfifo.group_control') IS NOT NULL THEN
+           AND to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
             UPDATE pgfifo.queue_group AS g
             SET head_id = n.id, priority = n.priority, ready_at = n.run_after, idle_since = NULL
             FROM (SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
@@ -165,7 +170,8 @@ BEGIN
                 RETURN ARRAY[v_id];
             END IF;
         END IF;
-        INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (p_queue[1], p_group[1]);
+        INSERT INTO pgfifo.group_wake (queue, group_id /*@dist , part */)
+        VALUES (p_queue[1], p_group[1] /*@dist , pgfifo.part_of(p_queue[1], p_group[1]) */);
         v_void := pg_notify('pgfifo_groups', p_queue[1])::text;
         RETURN ARRAY[v_id];
     END IF;
@@ -183,8 +189,10 @@ BEGIN
 
     IF p_unique_key IS NULL OR cardinality(array_remove(p_unique_key, NULL)) = 0 THEN
         -- Fast path: no unique keys.
-        INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after)
+        INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts, run_after
+                                /*@dist , part */)
         SELECT t.id, t.q, t.g, t.k, t.p, t.pr, t.ma, pgfifo.run_after(t.at, t.dl)
+               /*@dist , pgfifo.job_part(t.q, t.g, t.id) */
         FROM unnest(v_ids, p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
                     p_run_at_us, p_delay_us) AS t(id, q, g, k, p, pr, ma, at, dl);
         v_out := v_ids;
@@ -196,11 +204,14 @@ BEGIN
             v_tries := 0;
             LOOP
                 INSERT INTO pgfifo.job (id, queue, group_id, kind, payload, priority, max_attempts,
-                                        run_after, unique_key)
+                                        run_after, unique_key /*@dist , part */)
                 VALUES (v_ids[v_i], p_queue[v_i], p_group[v_i], p_kind[v_i], p_payload[v_i],
                         p_priority[v_i], p_max_attempts[v_i],
-                        pgfifo.run_after(p_run_at_us[v_i], p_delay_us[v_i]), p_unique_key[v_i])
-                ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL AND state = 'queued'
+                        pgfifo.run_after(p_run_at_us[v_i], p_delay_us[v_i]), p_unique_key[v_i]
+                        /*@dist , pgfifo.job_part(p_queue[v_i], p_group[v_i], v_ids[v_i],
+                                                  p_unique_key[v_i]) */)
+                ON CONFLICT (/*@dist part, */ queue, unique_key)
+                WHERE unique_key IS NOT NULL AND state = 'queued'
                 DO NOTHING
                 RETURNING id INTO v_id;
                 IF v_id IS NOT NULL THEN
@@ -208,7 +219,9 @@ BEGIN
                     EXIT;
                 END IF;
                 SELECT id INTO v_id FROM pgfifo.job
-                WHERE queue = p_queue[v_i] AND unique_key = p_unique_key[v_i] AND state = 'queued';
+                WHERE queue = p_queue[v_i] AND unique_key = p_unique_key[v_i] AND state = 'queued'
+                  /*@dist AND part = pgfifo.job_part(p_queue[v_i], p_group[v_i], v_ids[v_i],
+                                                     p_unique_key[v_i]) */;
                 IF v_id IS NOT NULL THEN
                     v_out[v_i] := v_id;
                     EXIT;
@@ -230,14 +243,31 @@ BEGIN
         FROM (SELECT DISTINCT t.q, t.g FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
               WHERE t.g IS NOT NULL AND t.created) AS d;
     END IF;
+    IF true /*@dist AND false */ THEN
+        WITH woken AS (
+            INSERT INTO pgfifo.group_wake (queue, group_id)
+            SELECT d.q, d.g
+            FROM unnest(v_gq, v_gg) AS d(q, g)
+            WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                              WHERE qg.queue = d.q AND qg.group_id = d.g
+                                AND qg.ready_at IS NOT NULL)
+            RETURNING queue)
+        SELECT array_agg(DISTINCT queue) INTO v_notify FROM woken;
+    END IF;
+    -- In the distributed layout the active groups are read first, apart
+    -- (a subquery correlated with the wake rows cannot be routed).
+    /*@dist
     WITH woken AS (
-        INSERT INTO pgfifo.group_wake (queue, group_id)
-        SELECT d.q, d.g
+        INSERT INTO pgfifo.group_wake (queue, group_id, part)
+        SELECT d.q, d.g, pgfifo.part_of(d.q, d.g)
         FROM unnest(v_gq, v_gg) AS d(q, g)
-        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
-                          WHERE qg.queue = d.q AND qg.group_id = d.g AND qg.ready_at IS NOT NULL)
+        WHERE (d.q, d.g) NOT IN (SELECT qg.queue, qg.group_id FROM pgfifo.queue_group AS qg
+                                 WHERE qg.part = ANY (ARRAY(SELECT pgfifo.part_of(x.q, x.g)
+                                                            FROM unnest(v_gq, v_gg) AS x(q, g)))
+                                   AND qg.ready_at IS NOT NULL)
         RETURNING queue)
     SELECT array_agg(DISTINCT queue) INTO v_notify FROM woken;
+    */
 
     -- Wake runners at commit, once per queue that has a woken group (they
     -- promote it, and wake a lane per group promoted) or a new ungrouped job
@@ -246,8 +276,8 @@ BEGIN
     PERFORM pg_notify('pgfifo_groups', q) FROM unnest(v_notify) AS q;
     -- And once per queue with a group whose concurrency may be above 1, as
     -- in the one-job path above: an active one may start a new job beside
-    -- its running ones.
-    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+    -- its running ones (not in the distributed layout, as above).
+    IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
         PERFORM pg_notify('pgfifo', s.q)
         FROM (SELECT DISTINCT t.q FROM unnest(v_gq, v_gg) AS t(q, g)
               JOIN pgfifo.group_control AS c
@@ -315,17 +345,20 @@ BEGIN
     -- returns their ids as the ids of those rows.
     IF p_unique_key IS NOT NULL THEN
         v_taken := ARRAY(
-            SELECT j.id FROM unnest(p_queue, p_unique_key) AS t(q, k)
+            SELECT j.id FROM unnest(p_queue, p_unique_key /*@dist , p_group */) AS t(q, k /*@dist , g */)
             JOIN pgfifo.job AS j ON j.queue = t.q AND j.unique_key = t.k AND j.state = 'queued'
+                                 /*@dist AND j.part = pgfifo.job_part(t.q, t.g, 0, t.k) */
             WHERE t.k IS NOT NULL);
     END IF;
     v_ids := pgfifo.enqueue(p_queue, p_group, p_kind, p_payload, p_priority, p_max_attempts,
                             p_unique_key, p_run_at_us, p_delay_us);
-    INSERT INTO pgfifo.job_trace (job_id, traceparent, tracestate)
+    INSERT INTO pgfifo.job_trace (job_id, traceparent, tracestate /*@dist , part */)
     SELECT t.id, t.tp, nullif(t.ts, '')
-    FROM unnest(v_ids, p_traceparent, coalesce(p_tracestate, p_traceparent[0:0])) AS t(id, tp, ts)
+           /*@dist , pgfifo.job_part(t.q, t.g, t.id, t.k) */
+    FROM unnest(v_ids, p_traceparent, coalesce(p_tracestate, p_traceparent[0:0])
+                /*@dist , p_queue, p_group, p_unique_key */) AS t(id, tp, ts /*@dist , q, g, k */)
     WHERE t.tp IS NOT NULL AND (v_taken IS NULL OR t.id <> ALL (v_taken))
-    ON CONFLICT (job_id) DO NOTHING;
+    ON CONFLICT (/*@dist part, */ job_id) DO NOTHING;
     RETURN v_ids;
 END
 $$;
