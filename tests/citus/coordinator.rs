@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use pgfifo::migrate::Layout;
 use pgfifo::{EnqueueOptions, Job, NewJob};
 use pgfifo_tests::citus::Cluster;
 use pgfifo_tests::query::scalar;
@@ -21,13 +22,36 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// A started cluster with pgfifo migrated through the coordinator's URL and
 /// the log table created.
 pub(crate) async fn migrated_cluster() -> (Cluster, AsyncPgConnection) {
+    cluster_with(Layout::Plain).await
+}
+
+/// The same with pgfifo's tables in `layout` (distributed: spread over the
+/// workers by `pgfifo::migrate::distribute`).
+pub(crate) async fn cluster_with(layout: Layout) -> (Cluster, AsyncPgConnection) {
     let cluster = Cluster::start().await.expect("start the Citus cluster");
     let mut conn = cluster.coordinator_conn().await.expect("coordinator");
     pgfifo::migrate::migrate_conn(&mut conn)
         .await
         .expect("migrate through the coordinator");
+    if layout == Layout::Distributed {
+        pgfifo::migrate::distribute(&mut conn)
+            .await
+            .expect("distribute");
+    }
     conn.batch_execute(LOG_TABLE).await.expect("log table");
     (cluster, conn)
+}
+
+/// The join of a job's attempts to the job, in `layout`: by part too when
+/// distributed (Citus joins distributed tables on their distribution
+/// column).
+fn attempts_of_jobs(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Plain => "pgfifo.job_attempt a JOIN pgfifo.job j ON j.id = a.job_id",
+        Layout::Distributed => {
+            "pgfifo.job_attempt a JOIN pgfifo.job j ON j.part = a.part AND j.id = a.job_id"
+        }
+    }
 }
 
 pub(crate) async fn count(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
@@ -63,16 +87,31 @@ pub(crate) fn job(group: &str, seq: i64, fail_first: bool) -> NewJob {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn fifo_one_at_a_time_and_retries_holding_the_head_across_two_runners() {
-    let (cluster, mut conn) = migrated_cluster().await;
-    assert_eq!(
-        count(
-            &mut conn,
-            "SELECT count(*) FROM citus_tables WHERE table_name::text LIKE 'pgfifo.%'"
-        )
-        .await,
-        0,
-        "migrate distributed a table: this test is about the unchanged layout"
-    );
+    fifo_across_two_runners(Layout::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn the_same_on_the_distributed_layout() {
+    fifo_across_two_runners(Layout::Distributed).await;
+}
+
+/// FIFO within a group, one job at a time per group and retries holding
+/// the head, with two runners, in `layout`.
+async fn fifo_across_two_runners(layout: Layout) {
+    let (cluster, mut conn) = cluster_with(layout).await;
+    let distributed = count(
+        &mut conn,
+        "SELECT count(*) FROM citus_tables WHERE table_name::text LIKE 'pgfifo.%'",
+    )
+    .await;
+    match layout {
+        Layout::Plain => assert_eq!(
+            distributed, 0,
+            "migrate distributed a table: this case is about the unchanged layout"
+        ),
+        Layout::Distributed => assert!(distributed > 20, "{distributed} tables distributed"),
+    }
     assert_eq!(
         count(
             &mut conn,
@@ -144,12 +183,15 @@ async fn fifo_one_at_a_time_and_retries_holding_the_head_across_two_runners() {
     assert_eq!(
         count(
             &mut conn,
-            "SELECT count(*) FROM (SELECT j.group_id, a.job_id, a.started_at,
+            &format!(
+                "SELECT count(*) FROM (SELECT j.group_id, a.job_id, a.started_at,
                      lag(a.job_id) OVER w AS prev_id,
                      lag(coalesce(a.finished_at, j.finished_at)) OVER w AS prev_end
-                 FROM pgfifo.job_attempt a JOIN pgfifo.job j ON j.id = a.job_id
+                 FROM {}
                  WINDOW w AS (PARTITION BY j.group_id ORDER BY a.started_at)) s
-             WHERE prev_id > job_id OR prev_end > started_at OR prev_end IS NULL AND prev_id IS NOT NULL"
+             WHERE prev_id > job_id OR prev_end > started_at OR prev_end IS NULL AND prev_id IS NOT NULL",
+                attempts_of_jobs(layout)
+            )
         )
         .await,
         0,
@@ -181,7 +223,19 @@ async fn fifo_one_at_a_time_and_retries_holding_the_head_across_two_runners() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn transactional_enqueue_unique_keys_delays_and_pause() {
-    let (cluster, mut conn) = migrated_cluster().await;
+    enqueue_keys_delays_and_pause(Layout::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn the_same_enqueues_on_the_distributed_layout() {
+    enqueue_keys_delays_and_pause(Layout::Distributed).await;
+}
+
+/// Enqueue in the application's transaction, unique keys, a delayed job
+/// and a paused group, run by a runner, in `layout`.
+async fn enqueue_keys_delays_and_pause(layout: Layout) {
+    let (cluster, mut conn) = cluster_with(layout).await;
     conn.batch_execute("CREATE TABLE app_order (id bigint PRIMARY KEY)")
         .await
         .expect("application table");
@@ -291,8 +345,8 @@ async fn transactional_enqueue_unique_keys_delays_and_pause() {
         count(
             &mut conn,
             &format!(
-                "SELECT count(*) FROM pgfifo.job_attempt a JOIN pgfifo.job j ON j.id = a.job_id
-                 WHERE j.id = {delayed_id} AND a.started_at < j.run_after"
+                "SELECT count(*) FROM {} WHERE j.id = {delayed_id} AND a.started_at < j.run_after",
+                attempts_of_jobs(layout)
             )
         )
         .await,

@@ -4,7 +4,7 @@
 //! small tables copied to every node, and the database says which layout
 //! it has.
 
-use diesel_async::SimpleAsyncConnection;
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use pgfifo::migrate::{self, Distributed, FunctionsStatus, Layout};
 use pgfifo::{EnqueueOptions, NewJob};
 use pgfifo_tests::query::{scalar, text};
@@ -255,17 +255,27 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     .await;
     assert_eq!(local, expected, "the first worker's shards of pgfifo.job");
 
-    // The database says so, and a runner refuses it until the functions
-    // are ported (issue 31).
+    // The database says so, and its schema is current for a runner.
     let status = migrate::status(&mut conn).await.expect("status");
     assert_eq!(status.layout, Layout::Distributed);
+    assert_eq!(
+        migrate::layout(&mut conn).await.expect("layout"),
+        Layout::Distributed
+    );
     assert_eq!(status.functions, FunctionsStatus::Current);
     assert!(status.pending().next().is_none());
-    let refused = migrate::check_current(&mut conn)
+    migrate::check_current(&mut conn)
         .await
-        .expect_err("a runner would start");
+        .expect("current for a runner");
+    // What is not ported refuses, naming it.
+    let refused =
+        diesel::sql_query("SELECT pgfifo.set_group_control('citus', 'g009', NULL, NULL, NULL, 2)")
+            .execute(&mut conn)
+            .await
+            .expect_err("group controls on the distributed layout");
     assert!(
-        matches!(refused, pgfifo::Error::DistributedLayoutUnsupported),
+        refused.to_string().contains("group controls")
+            && refused.to_string().contains("distributed layout"),
         "{refused}"
     );
     // migrate keeps the distributed form of the functions.

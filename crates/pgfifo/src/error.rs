@@ -120,14 +120,6 @@ pub enum Error {
          application) at the coordinator"
     )]
     CitusWorker,
-    /// The database's tables have the distributed layout (Citus), which
-    /// this release's runners and API do not run on yet.
-    #[error(
-        "the pgfifo tables of this database are distributed over Citus, and pgfifo {} \
-         cannot run on that layout yet (docs/scaling.md)",
-        crate::migrate::RELEASE
-    )]
-    DistributedLayoutUnsupported,
     /// No connection could be taken from the pool in time, or the pool
     /// could not open one.
     #[error("could not get a database connection from the pool: {0}")]

@@ -102,13 +102,16 @@ struct PickRow {
 ///
 /// The trace context of each job (table `pgfifo.job_trace`, see
 /// `docs/tracing.md`) is read here, by job id, with the `otel` feature only,
-/// and not by `pick`, whose result type released runners depend on. Scalar
-/// subqueries rather than a join: they keep `pick`'s row order, which
-/// matters (heads first, then followers in order). Each job's batch
-/// (table `pgfifo.batch_job`), for its completion, is read by a function
-/// (`pgfifo.job_batch`) whose query takes its own snapshot: a subquery here
-/// would use the statement's, taken before `pick` ran, and miss the batch
-/// of a job enqueued meanwhile, which would then never be counted.
+/// and not by `pick`, whose result type released runners depend on; and so
+/// is each job's batch (table `pgfifo.batch_job`), for its completion. Each
+/// through a function (`pgfifo.job_traceparent`, `pgfifo.job_tracestate`,
+/// `pgfifo.job_batch`) called in the select list, not a join: that keeps
+/// `pick`'s row order, which matters (heads first, then followers in
+/// order); and each function's query takes its own snapshot, where a
+/// subquery here would use the statement's, taken before `pick` ran, and
+/// miss the batch or the context of a job enqueued meanwhile (a batch then
+/// never counted). In the distributed layout they look on the shard of the
+/// pick (docs/scaling.md).
 ///
 /// Whether the transaction holds a queue's slot is read from the setting
 /// `pgfifo.queue_slot`, which `pick` sets when it takes one: a PL/pgSQL
@@ -133,8 +136,7 @@ macro_rules! pick_sql {
 }
 #[cfg(feature = "otel")]
 const PICK: &str = pick_sql!(
-    "(SELECT t.traceparent FROM pgfifo.job_trace AS t WHERE t.job_id = p.id) AS traceparent, \
-     (SELECT t.tracestate FROM pgfifo.job_trace AS t WHERE t.job_id = p.id) AS tracestate"
+    "pgfifo.job_traceparent(p.id) AS traceparent, pgfifo.job_tracestate(p.id) AS tracestate"
 );
 #[cfg(not(feature = "otel"))]
 const PICK: &str = pick_sql!("NULL::text AS traceparent, NULL::text AS tracestate");
@@ -259,10 +261,14 @@ mod tests {
         // than the jobs `pick` may lock (see `pick_sql!`).
         assert!(PICK.contains("pgfifo.job_batch(p.id) AS batch_id"));
         assert!(!PICK.contains("pgfifo.batch_job"));
+        assert!(
+            !PICK.contains("pgfifo.job_trace AS"),
+            "a subquery: see pick_sql!"
+        );
         assert_eq!(
-            PICK.contains("pgfifo.job_trace"),
+            PICK.contains("pgfifo.job_traceparent(p.id)"),
             cfg!(feature = "otel"),
-            "the table is read with the feature only"
+            "the context is read with the feature only"
         );
     }
 }

@@ -6,7 +6,11 @@
 //! only the distributed layout needs is written inside a `/*@dist … */`
 //! comment: a plain database runs the text as it is, so the comment is
 //! skipped, and a distributed one runs it with each such comment replaced
-//! by its content (a column `part`, the predicate that names a row's part).
+//! by its content (a column `part`, the predicate that names a row's part;
+//! the one space after `/*@dist` is not part of it). A statement that only
+//! the plain layout runs (the distributed one has its own in a passage) is
+//! put between `/*@plain*/` and `/*@end*/`: plain comments for a plain
+//! database, and a distributed one runs the text without that stretch.
 //! A migration's recorded checksum is that of its text as shipped; the
 //! functions' is that of the text as installed, so a database records
 //! which form it has.
@@ -29,18 +33,24 @@ pub enum Layout {
 
 /// The opening of a passage for the distributed layout only.
 const MARK: &str = "/*@dist";
+/// The start and end of a stretch for the plain layout only.
+const PLAIN: &str = "/*@plain*/";
+const END: &str = "/*@end*/";
 
 /// `sql` as it runs in `layout`: unchanged in the plain layout; in the
 /// distributed one with every `/*@dist … */` replaced by its content.
 pub(crate) fn expand(sql: &str, layout: Layout) -> Cow<'_, str> {
-    if layout == Layout::Plain || !sql.contains(MARK) {
+    if layout == Layout::Plain || !sql.contains(MARK) && !sql.contains(PLAIN) {
         return Cow::Borrowed(sql);
     }
+    let without_plain = strip_plain(sql);
     let mut out = String::with_capacity(sql.len());
-    let mut rest = sql;
+    let mut rest = without_plain.as_str();
     while let Some(at) = rest.find(MARK) {
         out.push_str(&rest[..at]);
         let body = &rest[at + MARK.len()..];
+        // The one space after the mark separates it from the content.
+        let body = body.strip_prefix(' ').unwrap_or(body);
         // A passage ends at the first `*/`: its content holds no comment
         // (PostgreSQL nests block comments, so one inside would change
         // what the plain layout skips); `passages_are_well_formed` checks.
@@ -50,6 +60,19 @@ pub(crate) fn expand(sql: &str, layout: Layout) -> Cow<'_, str> {
     }
     out.push_str(rest);
     Cow::Owned(out)
+}
+
+/// `sql` without its plain-only stretches (`/*@plain*/ … /*@end*/`).
+fn strip_plain(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find(PLAIN) {
+        out.push_str(&rest[..at]);
+        let body = &rest[at..];
+        rest = body.find(END).map_or("", |end| &body[end + END.len()..]);
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Every `/*@dist … */` passage of `sql`, for the checks below: its
@@ -70,6 +93,9 @@ pub(crate) fn passages(sql: &str) -> Result<Vec<&str>, String> {
         found.push(content);
         rest = &body[end + 2..];
     }
+    if sql.matches(PLAIN).count() != sql.matches(END).count() {
+        return Err("a /*@plain*/ stretch without its /*@end*/, or the reverse".to_owned());
+    }
     Ok(found)
 }
 
@@ -89,8 +115,15 @@ mod tests {
         let sql = "INSERT INTO t (a /*@dist , part */) VALUES (1 /*@dist , 7 */); -- end";
         assert_eq!(
             expand(sql, Layout::Distributed),
-            "INSERT INTO t (a  , part ) VALUES (1  , 7 ); -- end"
+            "INSERT INTO t (a , part ) VALUES (1 , 7 ); -- end"
         );
+        assert_eq!(
+            expand("SELECT pgfifo.pick/*@dist _in*/(1)", Layout::Distributed),
+            "SELECT pgfifo.pick_in(1)"
+        );
+        let both = "SELECT /*@plain*/ a /*@end*/ /*@dist b */ FROM t";
+        assert_eq!(expand(both, Layout::Plain), both);
+        assert_eq!(expand(both, Layout::Distributed), "SELECT  b  FROM t");
         let other = "SELECT 1 /* a plain comment */";
         assert_eq!(expand(other, Layout::Distributed), other);
     }

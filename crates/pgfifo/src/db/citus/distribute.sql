@@ -142,6 +142,19 @@ FROM unnest(ARRAY['group_pause', 'group_wake', 'group_control', 'group_bucket', 
 SELECT create_distributed_table('pgfifo.batch', 'id', shard_count := 32, colocate_with := 'none');
 SELECT create_distributed_table('pgfifo.' || t, 'batch_id', colocate_with := 'pgfifo.batch')
 FROM unnest(ARRAY['batch_shard', 'batch_callback']) AS t;
+-- Which parts each shard of the groups' tables holds, for the pick and
+-- promote, which visit one shard at a time. A rebalance moves whole
+-- shards (their parts with them) and leaves this as it is; splitting a
+-- shard would not, and is not supported.
+CREATE TABLE pgfifo.layout_shard (
+    shard integer   PRIMARY KEY,
+    parts integer[] NOT NULL
+);
+INSERT INTO pgfifo.layout_shard (shard, parts)
+SELECT row_number() OVER (ORDER BY min(p)) - 1, array_agg(p ORDER BY p)
+FROM generate_series(0, 1023) AS p
+GROUP BY get_shard_id_for_distribution_column('pgfifo.queue_group', p);
+
 SELECT create_reference_table('pgfifo.' || t)
 FROM unnest(ARRAY['queue_setting', 'queue_control', 'queue_slot', 'queue_bucket',
-                  'schedule', 'schedule_tick']) AS t;
+                  'schedule', 'schedule_tick', 'layout_shard']) AS t;

@@ -75,3 +75,15 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Refuses what the distributed layout (Citus, docs/scaling.md) does not
+-- run yet, naming it: called first by those functions there.
+CREATE OR REPLACE FUNCTION pgfifo.not_distributed(p_what text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgfifo: % not available on the distributed layout (Citus) yet', p_what
+        USING ERRCODE = 'feature_not_supported', CONSTRAINT = 'pgfifo_not_distributed',
+              HINT = 'docs/scaling.md lists what runs there';
+END
+$$;

@@ -74,6 +74,7 @@ DECLARE
     v_at      timestamptz;
     v_slot    numeric;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('de-duplication windows'); */
     ids := '{}';
     outcomes := '{}';
     IF v_n IS NULL OR v_n = 0 THEN

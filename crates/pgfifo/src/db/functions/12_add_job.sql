@@ -267,6 +267,7 @@ DECLARE
     v_traced boolean;
     v_ids    bigint[];
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('the SQL enqueue API (pgfifo.add_job)'); */
     SELECT * INTO v
     FROM pgfifo.add_job_checked('', add_job.kind, add_job.queue, add_job.payload,
                                 add_job.group_id, add_job.run_at, add_job.delay,
@@ -436,6 +437,7 @@ DECLARE
     a_ts     text[] := '{}';
     v_traced boolean := false;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('the SQL enqueue API (pgfifo.add_jobs)'); */
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
         RAISE EXCEPTION 'pgfifo: jobs must be a JSON array of objects (got %)',
             coalesce(jsonb_typeof(jobs), 'SQL NULL')

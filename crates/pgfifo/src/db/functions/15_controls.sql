@@ -398,6 +398,7 @@ DECLARE
     v_key   text := coalesce(p_group, '');
     v_found boolean;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('group controls (limits, concurrency, weights)'); */
     PERFORM pgfifo.check_group_control(p_group, p_rate_count, p_rate_period_ms);
     SELECT true INTO v_found FROM pgfifo.group_control AS c
     WHERE c.queue = p_queue AND c.group_id = v_key FOR UPDATE;
@@ -444,6 +445,7 @@ DECLARE
     v_row  pgfifo.group_control;
     v_bad  text;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('group controls (limits, concurrency, weights)'); */
     SELECT c INTO v_bad FROM unnest(p_change) AS c
     WHERE c NOT IN ('rate', 'burst', 'concurrency', 'weight') LIMIT 1;
     IF v_bad IS NOT NULL THEN

@@ -221,6 +221,7 @@ DECLARE
     v_row  pgfifo.queue_control;
     v_bad  text;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('queue limits'); */
     IF p_queue IS NULL OR p_queue = '' THEN
         RAISE EXCEPTION 'pgfifo change_queue_control: the queue name is empty'
             USING ERRCODE = 'invalid_parameter_value';

@@ -60,7 +60,8 @@ CREATE OR REPLACE FUNCTION pgfifo.job_batch(p_id bigint) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    RETURN (SELECT b.batch_id FROM pgfifo.batch_job AS b WHERE b.job_id = p_id);
+    RETURN (SELECT b.batch_id FROM pgfifo.batch_job AS b WHERE b.job_id = p_id
+            /*@dist AND b.part = ANY (current_setting('pgfifo.pick_parts', true)::integer[]) */);
 END
 $$;
 
@@ -382,6 +383,7 @@ DECLARE
     v_closed  timestamptz;
     v_close   boolean;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('batches'); */
     PERFORM pgfifo.require_read_committed('batch');
     IF v_n <> coalesce(cardinality(p_group), 0) OR v_n <> coalesce(cardinality(p_kind), 0)
        OR v_n <> coalesce(cardinality(p_payload), 0) OR v_n <> coalesce(cardinality(p_priority), 0)

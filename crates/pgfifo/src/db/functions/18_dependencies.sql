@@ -397,6 +397,7 @@ DECLARE
     v_bad     record;
     v_st      text[];
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('dependencies'); */
     PERFORM pgfifo.require_read_committed('enqueue');
     IF v_n <> coalesce(cardinality(p_group), 0) OR v_n <> coalesce(cardinality(p_kind), 0)
        OR v_n <> coalesce(cardinality(p_payload), 0) OR v_n <> coalesce(cardinality(p_priority), 0)

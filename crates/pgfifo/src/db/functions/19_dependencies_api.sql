@@ -35,6 +35,7 @@ DECLARE
     v_nj    integer;
     v_nb    integer;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('dependencies'); */
     SELECT * INTO v
     FROM pgfifo.add_job_checked('', add_job_after.kind, add_job_after.queue, add_job_after.payload,
                                 add_job_after.group_id, add_job_after.run_at, add_job_after.delay,

@@ -38,7 +38,7 @@ CREATE OR REPLACE FUNCTION pgfifo.promote(
 LANGUAGE plpgsql
 -- Short queries on small tables: compiling them would cost 100x running them.
 SET jit = off
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = /*@plain*/ force_generic_plan /*@end*/ /*@dist force_custom_plan */
 AS $$
 DECLARE
     v_wake  record;
@@ -51,42 +51,75 @@ DECLARE
     v_due   timestamptz;
     v_controlled boolean;
     v_head_us bigint;
+    /*@dist v_part integer; */
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     FOR v_wake IN
         WITH taken AS (
+            /*@plain*/
             DELETE FROM pgfifo.group_wake
             WHERE ctid = ANY (ARRAY(SELECT ctid FROM pgfifo.group_wake
                                     WHERE queue = ANY (p_queues)
                                     LIMIT p_limit FOR UPDATE SKIP LOCKED))
+            /*@end*/
+            -- Distributed: the wake rows of up to p_limit groups, read
+            -- from every shard, then deleted by key (a second promote
+            -- waits for the first's deletes, then finds them gone).
+            /*@dist
+            DELETE FROM pgfifo.group_wake AS w
+            USING (SELECT DISTINCT x.part, x.queue, x.group_id FROM pgfifo.group_wake AS x
+                   WHERE x.queue = ANY (p_queues) LIMIT p_limit) AS t
+            WHERE w.part = t.part AND w.queue = t.queue AND w.group_id = t.group_id
+            RETURNING w.queue, w.group_id)
+            */
+            /*@plain*/
             RETURNING queue, group_id)
+            /*@end*/
         SELECT queue, group_id, count(*) AS n FROM taken GROUP BY 1, 2 ORDER BY 1, 2
     LOOP
+        /*@dist v_part := pgfifo.part_of(v_wake.queue, v_wake.group_id); */
         -- The group row, locked, and whether the group is paused. Not found:
         -- missing (created here), or locked by someone else.
         FOR v_try IN 1 .. 2 LOOP
+            -- (Distributed: the pause is read apart, once the row is
+            -- locked; Citus routes a locking read with a subquery only
+            -- when its part is a constant, not a variable's value.)
             SELECT g.head_id, g.ready_at,
+                   /*@plain*/
                    EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
-                           WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+                           WHERE p.queue = g.queue AND p.group_id = g.group_id)
+                   /*@end*/
+                   /*@dist false */ AS paused
             INTO v_group FROM pgfifo.queue_group AS g
             WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id
+              /*@dist AND g.part = v_part */
             FOR NO KEY UPDATE OF g SKIP LOCKED;
             v_locked := FOUND;
+            /*@dist
+            IF v_locked THEN
+                v_group.paused := EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                          WHERE p.part = v_part AND p.queue = v_wake.queue
+                                            AND p.group_id = v_wake.group_id);
+            END IF;
+            */
             -- (A row someone holds is not inserted again: the insert would
             -- wait for a transaction that updated it.)
             EXIT WHEN v_locked OR v_try = 2
                    OR EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                              WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id);
-            INSERT INTO pgfifo.queue_group (queue, group_id, slot)
-            VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_hash(v_wake.queue, v_wake.group_id))
-            ON CONFLICT (queue, group_id) DO NOTHING;
+                              WHERE g.queue = v_wake.queue AND g.group_id = v_wake.group_id
+                                /*@dist AND g.part = v_part */);
+            INSERT INTO pgfifo.queue_group (queue, group_id, slot /*@dist , part */)
+            VALUES (v_wake.queue, v_wake.group_id, pgfifo.group_hash(v_wake.queue, v_wake.group_id)
+                    /*@dist , pgfifo.part_of(v_wake.queue, v_wake.group_id) */)
+            ON CONFLICT (/*@dist part, */ queue, group_id) DO NOTHING;
         END LOOP;
         IF NOT v_locked THEN
-            INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (v_wake.queue, v_wake.group_id);
+            INSERT INTO pgfifo.group_wake (queue, group_id /*@dist , part */)
+            VALUES (v_wake.queue, v_wake.group_id /*@dist , pgfifo.part_of(v_wake.queue, v_wake.group_id) */);
             CONTINUE;
         END IF;
         v_taken := v_taken + v_wake.n;
-        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
+        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */;
         IF v_controlled THEN
             v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c
                                     WHERE c.queue = v_wake.queue);
@@ -94,7 +127,7 @@ BEGIN
         IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
             -- Held: stays so while its head is failed and its queue holds.
             CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job AS j
-                                  WHERE j.id = v_group.head_id AND j.state = 'failed')
+                                  WHERE j.id = v_group.head_id AND j.state = 'failed' /*@dist AND j.part = v_part */)
                       AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                                   WHERE s.queue = v_wake.queue AND s.failure_policy = 'hold');
         END IF;
@@ -109,13 +142,15 @@ BEGIN
         IF v_group.ready_at >= '9999-12-31 00:00:00+00'::timestamptz
            AND v_group.head_id IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
-                           WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
+                           WHERE j.id = v_group.head_id AND j.state = 'queued' /*@dist AND j.part = v_part */) THEN
             UPDATE pgfifo.queue_group SET ready_at = v_now
-            WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+            WHERE queue = v_wake.queue AND group_id = v_wake.group_id
+              /*@dist AND part = v_part */;
             CONTINUE;
         END IF;
         SELECT j.id, j.priority, j.run_after INTO v_next FROM pgfifo.job AS j
         WHERE j.queue = v_wake.queue AND j.group_id = v_wake.group_id AND j.state = 'queued'
+          /*@dist AND j.part = v_part */
         ORDER BY j.id LIMIT 1;
         IF NOT FOUND THEN
             IF v_group.head_id IS NOT NULL AND v_group.ready_at IS NULL THEN
@@ -139,7 +174,7 @@ BEGIN
             -- limits now (they may have just changed: set_group_control
             -- wakes waiting groups).
             SELECT j.run_after INTO v_head_at FROM pgfifo.job AS j
-            WHERE j.id = v_group.head_id AND j.state = 'queued';
+            WHERE j.id = v_group.head_id AND j.state = 'queued' /*@dist AND j.part = v_part */;
             IF FOUND THEN
                 v_due := v_head_at;
                 IF v_controlled THEN
@@ -147,7 +182,8 @@ BEGIN
                 END IF;
                 IF v_due <> v_group.ready_at THEN
                     UPDATE pgfifo.queue_group SET ready_at = v_due
-                    WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+                    WHERE queue = v_wake.queue AND group_id = v_wake.group_id
+              /*@dist AND part = v_part */;
                     v_group.ready_at := v_due;
                     IF v_due > v_now THEN
                         ready_later_us := ready_later_us || pgfifo.micros_until(v_due, v_now);
@@ -159,7 +195,7 @@ BEGIN
             -- Active: only an older job, and only before the head started.
             CONTINUE WHEN v_next.id >= v_group.head_id;
             CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
-                                  WHERE a.job_id = v_group.head_id);
+                                  WHERE a.job_id = v_group.head_id /*@dist AND a.part = v_part */);
         END IF;
         -- (A rate-limited group with an empty bucket becomes ready with its
         -- next token.)
@@ -170,7 +206,8 @@ BEGIN
         UPDATE pgfifo.queue_group
         SET head_id = v_next.id, priority = v_next.priority, ready_at = v_due,
             idle_since = NULL
-        WHERE queue = v_wake.queue AND group_id = v_wake.group_id;
+        WHERE queue = v_wake.queue AND group_id = v_wake.group_id
+              /*@dist AND part = v_part */;
         -- In a queue with weights, a group back from idle gets no credit
         -- for the time it had no work (see pgfifo.rejoin_share).
         IF v_controlled AND v_group.ready_at IS NULL

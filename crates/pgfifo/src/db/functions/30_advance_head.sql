@@ -40,20 +40,21 @@ SET enable_sort = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = /*@plain*/ force_generic_plan /*@end*/ /*@dist force_custom_plan */
 AS $$
 DECLARE
     v_next record;
     v_now  timestamptz := clock_timestamp();
+    /*@dist v_part integer := pgfifo.part_of(p_queue, p_group); */
 BEGIN
     SELECT id, priority, run_after INTO v_next FROM pgfifo.job
-    WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
+    WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done /*@dist AND part = v_part */
     ORDER BY id LIMIT 1;
     IF NOT FOUND THEN
         IF NOT pg_try_advisory_xact_lock(1885824614, pgfifo.group_lock_key(p_queue, p_group)) THEN
             UPDATE pgfifo.queue_group
             SET head_id = p_done, ready_at = v_now + interval '50 milliseconds'
-            WHERE queue = p_queue AND group_id = p_group;
+            WHERE queue = p_queue AND group_id = p_group /*@dist AND part = v_part */;
             RETURN 50000;
         END IF;
         -- The lock lasts until the caller's transaction ends, and enqueuers
@@ -61,12 +62,12 @@ BEGIN
         -- transaction now (see pick).
         PERFORM set_config('pgfifo.holds_group_lock', 'on', true);
         SELECT id, priority, run_after INTO v_next FROM pgfifo.job
-        WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done
+        WHERE queue = p_queue AND group_id = p_group AND state = 'queued' AND id <> p_done /*@dist AND part = v_part */
         ORDER BY id LIMIT 1;
     END IF;
     IF v_next.id IS NULL THEN
         UPDATE pgfifo.queue_group SET head_id = NULL, ready_at = NULL, idle_since = v_now
-        WHERE queue = p_queue AND group_id = p_group;
+        WHERE queue = p_queue AND group_id = p_group /*@dist AND part = v_part */;
         RETURN NULL;
     END IF;
     UPDATE pgfifo.queue_group
@@ -74,7 +75,7 @@ BEGIN
         priority = v_next.priority,
         ready_at = CASE WHEN v_next.run_after <= v_now AND ready_at <= v_now
                         THEN ready_at ELSE v_next.run_after END
-    WHERE queue = p_queue AND group_id = p_group;
+    WHERE queue = p_queue AND group_id = p_group /*@dist AND part = v_part */;
     RETURN pgfifo.micros_until(v_next.run_after, v_now);
 END
 $$;

@@ -146,7 +146,8 @@
 -- T aborts and the groups are free. (A peer that vanished from the network is
 -- detected by TCP keepalives: see docs/failure-model.md for the connection
 -- settings.)
-CREATE OR REPLACE FUNCTION pgfifo.pick(
+CREATE OR REPLACE FUNCTION pgfifo.pick/*@dist _in*/(
+    /*@dist p_parts integer[], */
     p_queues          text[],
     p_turn            integer,
     p_slot            integer,
@@ -168,7 +169,7 @@ SET enable_sort = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = /*@plain*/ force_generic_plan /*@end*/ /*@dist force_custom_plan */
 AS $$
 DECLARE
     v_n       integer := cardinality(p_queues);
@@ -223,13 +224,14 @@ DECLARE
     v_slot_job boolean := false;
     v_slot_left boolean := false;
     v_slots_ok boolean := current_setting('pgfifo.pick_slots', true) IS DISTINCT FROM 'off';
-    v_q_limits boolean := to_regclass('pgfifo.queue_control') IS NOT NULL;
+    v_q_limits boolean := to_regclass('pgfifo.queue_control') IS NOT NULL /*@dist AND false */;
     v_ql      record;
     v_q_slot  boolean;
     v_limit0  integer;
     v_batch0  integer;
     v_qs      integer;
     v_qs_from integer;
+    /*@dist v_part integer; */
 BEGIN
     -- Locks taken here must outlive this statement. In autocommit they would
     -- be released at once, and the caller would run a job it does not hold.
@@ -306,7 +308,7 @@ BEGIN
                 END IF;
             END IF;
         END IF;
-        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
+        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */;
         IF v_controlled THEN
             v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = v_q);
         END IF;
@@ -327,6 +329,7 @@ BEGIN
                     -- The next priority level that has active groups.
                     SELECT g.priority INTO v_prio FROM pgfifo.queue_group AS g
                     WHERE g.queue = v_q AND g.ready_at IS NOT NULL AND g.priority < v_bound
+                      /*@dist AND g.part = ANY (p_parts) */
                     ORDER BY g.priority DESC LIMIT 1;
                     EXIT WHEN NOT FOUND;
                     -- Candidates are read without locks, from the cursor to the
@@ -367,9 +370,10 @@ BEGIN
                              FROM pgfifo.queue_group AS g
                              WHERE NOT v_weighted AND g.queue = v_q AND g.ready_at IS NOT NULL
                                AND g.priority = v_prio AND g.slot BETWEEN v_lo AND v_hi
-                               AND g.ready_at <= v_now
+                               AND g.ready_at <= v_now /*@dist AND g.part = ANY (p_parts) */
                              ORDER BY g.slot)
                         LOOP
+                            /*@dist v_part := pgfifo.part_of(v_q, v_cand.group_id); */
                             -- A busy queue has more active groups than free
                             -- ones: once jobs are picked, stop looking after a
                             -- while instead of trying every group's lock.
@@ -575,14 +579,25 @@ BEGIN
                             END IF;
                             -- (A pause committed while this statement runs is
                             -- seen by the next pick.)
+                            -- (Distributed: the pause is read apart, as in
+                            -- promote.)
                             SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
+                                   /*@plain*/
                                    EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
-                                           WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+                                           WHERE p.queue = g.queue AND p.group_id = g.group_id)
+                                   /*@end*/
+                                   /*@dist false */ AS paused
                             INTO v_group
                             FROM pgfifo.queue_group AS g
                             WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                              /*@dist AND g.part = v_part */
                             FOR UPDATE OF g SKIP LOCKED;
                             CONTINUE WHEN NOT FOUND; -- busy: another runner holds it
+                            /*@dist
+                            v_group.paused := EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                                                      WHERE p.part = v_part AND p.queue = v_q
+                                                        AND p.group_id = v_cand.group_id);
+                            */
                             -- Taken by this very pick already: a lock this
                             -- transaction holds is granted to it again (the group
                             -- can turn up at a lower priority level, whose read
@@ -594,7 +609,8 @@ BEGIN
                             IF v_group.ready_at = '-infinity' THEN
                                 CONTINUE WHEN NOT pgfifo.long_run_free(v_q, v_group.group_id, NULL);
                                 UPDATE pgfifo.queue_group AS g SET ready_at = v_now
-                                WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                WHERE g.queue = v_q AND g.group_id = v_group.group_id
+                                  /*@dist AND g.part = v_part */;
                                 v_group.ready_at := v_now;
                             END IF;
                             IF v_group.ready_at IS NULL OR v_group.ready_at > v_now OR v_group.head_id IS NULL
@@ -618,11 +634,13 @@ BEGIN
                                                                  pgfifo.group_lock_key(v_q, v_group.group_id)) THEN
                                         UPDATE pgfifo.queue_group AS g
                                         SET head_id = NULL, ready_at = NULL, idle_since = v_now
-                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id
+                                          /*@dist AND g.part = v_part */;
                                     ELSE
                                         UPDATE pgfifo.queue_group AS g
                                         SET ready_at = v_now + interval '50 milliseconds'
-                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id
+                                          /*@dist AND g.part = v_part */;
                                     END IF;
                                 END IF;
                                 RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
@@ -650,11 +668,13 @@ BEGIN
                             END IF;
                             SELECT * INTO v_job FROM pgfifo.job AS j
                             WHERE j.id = v_group.head_id AND j.state = 'queued'
+                              /*@dist AND j.part = v_part */
                             FOR UPDATE SKIP LOCKED;
                             IF NOT FOUND THEN
                                 CONTINUE WHEN v_count > 0;
                                 IF EXISTS (SELECT 1 FROM pgfifo.job AS j
-                                           WHERE j.id = v_group.head_id AND j.state = 'queued') THEN
+                                           WHERE j.id = v_group.head_id AND j.state = 'queued'
+                                             /*@dist AND j.part = v_part */) THEN
                                     -- Locked by an operator's transaction (never by
                                     -- a runner without the group), or running in
                                     -- a slot of a group whose concurrency was
@@ -683,9 +703,10 @@ BEGIN
                                 END IF;
                                 SELECT j.* INTO v_job
                                 FROM pgfifo.queue_group AS g
-                                JOIN pgfifo.job AS j ON j.id = g.head_id
+                                JOIN pgfifo.job AS j ON j.id = g.head_id /*@dist AND j.part = g.part */
                                 WHERE g.queue = v_group.queue AND g.group_id = v_group.group_id
                                   AND g.ready_at <= v_now AND j.state = 'queued'
+                                  /*@dist AND g.part = v_part */
                                 FOR UPDATE OF j SKIP LOCKED;
                                 IF NOT FOUND THEN
                                     RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
@@ -716,7 +737,7 @@ BEGIN
                 FOR v_job IN
                     SELECT * FROM pgfifo.job AS j
                     WHERE j.queue = v_q AND j.group_id IS NULL AND j.state = 'queued' AND j.run_after <= v_now
-                      AND j.id <> ALL (v_ids)
+                      AND j.id <> ALL (v_ids) /*@dist AND j.part = ANY (p_parts) */
                     ORDER BY j.priority DESC, j.run_after, j.id
                     LIMIT v_limit - v_count
                     FOR UPDATE SKIP LOCKED
@@ -756,11 +777,11 @@ BEGIN
         v_more := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                           WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
                             AND g.ready_at <= v_now AND g.ready_at > '-infinity'
-                            AND NOT g.head_id = ANY (v_ids))
+                            AND NOT g.head_id = ANY (v_ids) /*@dist AND g.part = ANY (p_parts) */)
                OR EXISTS (SELECT 1 FROM pgfifo.job AS j
                           WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
                             AND j.state = 'queued' AND j.run_after <= v_now
-                            AND NOT j.id = ANY (v_ids));
+                            AND NOT j.id = ANY (v_ids) /*@dist AND j.part = ANY (p_parts) */);
     END IF;
     -- Followers: only when no other work was left ready (see above).
     -- Each candidate is read without a lock, in a statement whose snapshot
@@ -777,12 +798,12 @@ BEGIN
             FOR v_f IN
                 SELECT j.id FROM pgfifo.job AS j
                 WHERE j.queue = v_lead.queue AND j.group_id = v_lead.group_id
-                  AND j.state = 'queued' AND j.id > v_lead.id
+                  AND j.state = 'queued' AND j.id > v_lead.id /*@dist AND j.part = v_lead.part */
                 ORDER BY j.id LIMIT v_batch - v_count
             LOOP
                 SELECT * INTO v_job FROM pgfifo.job AS j
                 WHERE j.id = v_f.id AND j.state = 'queued' AND j.run_after <= v_now
-                  AND j.priority = v_lead.priority
+                  AND j.priority = v_lead.priority /*@dist AND j.part = v_lead.part */
                 FOR UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
                 v_jobs := v_jobs || v_job;
@@ -817,3 +838,80 @@ BEGIN
     END IF;
 END
 $$;
+
+-- The W3C trace context stored with job p_id at its enqueue (table
+-- pgfifo.job_trace, docs/tracing.md): its traceparent, and its tracestate;
+-- NULL without one, and after `migrate down` past 0009_trace_context. The
+-- runner's pick statement reads them per job with the `otel` feature.
+-- Functions, not subqueries of that statement: their queries take their
+-- own snapshot (the statement's predates the jobs pick locks), and in the
+-- distributed layout they look on the shard of this transaction's pick.
+CREATE OR REPLACE FUNCTION pgfifo.job_traceparent(p_id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF to_regclass('pgfifo.job_trace') IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT t.traceparent FROM pgfifo.job_trace AS t WHERE t.job_id = p_id
+            /*@dist AND t.part = ANY (current_setting('pgfifo.pick_parts', true)::integer[]) */);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgfifo.job_tracestate(p_id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF to_regclass('pgfifo.job_trace') IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT t.tracestate FROM pgfifo.job_trace AS t WHERE t.job_id = p_id
+            /*@dist AND t.part = ANY (current_setting('pgfifo.pick_parts', true)::integer[]) */);
+END
+$$;
+
+-- The distributed layout's pick (docs/scaling.md): the function above,
+-- installed there as pgfifo.pick_in with the parts of one shard as its
+-- first argument (every statement it runs on the groups' and jobs' tables
+-- then names parts of that shard, so Citus routes each to it), called
+-- shard by shard from a place that differs per session and per turn,
+-- until one gives something. That shard's parts stay in the transaction's
+-- setting pgfifo.pick_parts, for the completion of its jobs. Every row
+-- says `more`: other shards may have work that this pick did not look at.
+/*@dist
+CREATE OR REPLACE FUNCTION pgfifo.pick(
+    p_queues          text[],
+    p_turn            integer,
+    p_slot            integer,
+    p_kinds           text[],
+    p_idle_ms         integer[],
+    p_default_idle_ms integer,
+    p_limit           integer,
+    p_held            bigint[] DEFAULT '{}'
+)
+RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
+               max_attempts integer, slot integer, more boolean)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_shards integer := (SELECT count(*) FROM pgfifo.layout_shard);
+    v_start  integer := ((p_turn::bigint & 2147483647) + pg_backend_pid()) % greatest(v_shards, 1);
+    v_parts  integer[];
+BEGIN
+    FOR v_parts IN
+        SELECT s.parts FROM pgfifo.layout_shard AS s
+        ORDER BY (s.shard - v_start + v_shards) % v_shards
+    LOOP
+        RETURN QUERY
+        SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
+               p.id IS NOT NULL
+        FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
+                            p_default_idle_ms, p_limit, p_held) AS p;
+        IF FOUND THEN
+            PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
+*/

@@ -100,6 +100,7 @@ DECLARE
     v_key   integer := pgfifo.long_run_key(p_queue, p_group, p_job);
     v_token bigint;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('long mode'); */
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo.claim_long_run must run in the job transaction that picked the job'
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';

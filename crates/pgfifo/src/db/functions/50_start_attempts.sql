@@ -18,7 +18,7 @@
 CREATE OR REPLACE FUNCTION pgfifo.start_attempts(p_ids bigint[], p_max integer[], p_runner text)
 RETURNS TABLE (job_id bigint, attempt integer)
 LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = /*@plain*/ force_generic_plan /*@end*/ /*@dist force_custom_plan */
 AS $$
 DECLARE
     v_now     timestamptz := clock_timestamp();
@@ -34,7 +34,7 @@ BEGIN
     -- does not start: it is returned with attempt 0, and no record.
     -- Queues with a rate (migration 0011) take theirs first, and get back
     -- those of starts that their groups then refuse.
-    IF to_regclass('pgfifo.queue_control') IS NOT NULL THEN
+    IF to_regclass('pgfifo.queue_control') IS NOT NULL /*@dist AND false */ THEN
         IF EXISTS (SELECT 1 FROM pgfifo.queue_control AS c WHERE c.rate_count IS NOT NULL) THEN
             -- The buckets of these jobs' queues are locked first (in queue
             -- order, as take_queue_tokens locks them), and the time of the
@@ -58,7 +58,7 @@ BEGIN
             v_q_took := true;
         END IF;
     END IF;
-    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+    IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
         IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
             v_refused := pgfifo.take_start_tokens(
                 ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i <> ALL (v_q_refused)), v_now);
@@ -68,6 +68,7 @@ BEGIN
         END IF;
     END IF;
     v_refused := v_refused || v_q_refused;
+    /*@plain*/
     RETURN QUERY
     INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner, started_at)
     SELECT t.id, coalesce(m.n, 0) + 1, p_runner, v_now
@@ -75,6 +76,24 @@ BEGIN
     CROSS JOIN LATERAL (SELECT max(x.attempt) AS n FROM pgfifo.job_attempt x WHERE x.job_id = t.id) AS m
     WHERE coalesce(m.n, 0) < t.max_attempts AND t.id <> ALL (v_refused)
     RETURNING a.job_id, a.attempt;
+    /*@end*/
+    -- Distributed: the jobs' parts and last attempts first, in one read of
+    -- every shard (these jobs come from several runners' picks), then the
+    -- records, each routed to its job's shard.
+    /*@dist
+    RETURN QUERY
+    WITH last AS (
+        SELECT j.id, j.part,
+               (SELECT max(x.attempt) FROM pgfifo.job_attempt AS x
+                WHERE x.part = j.part AND x.job_id = j.id) AS n
+        FROM pgfifo.job AS j WHERE j.id = ANY (p_ids))
+    INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner, started_at, part)
+    SELECT t.id, coalesce(l.n, 0) + 1, p_runner, v_now, l.part
+    FROM unnest(p_ids, p_max) AS t(id, max_attempts)
+    JOIN last AS l ON l.id = t.id
+    WHERE coalesce(l.n, 0) < t.max_attempts AND t.id <> ALL (v_refused)
+    RETURNING a.job_id, a.attempt;
+    */
     IF cardinality(v_refused) > 0 THEN
         RETURN QUERY SELECT r.id, 0 FROM unnest(v_refused) AS r(id);
     END IF;

@@ -48,7 +48,7 @@ SET enable_sort = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = /*@plain*/ force_generic_plan /*@end*/ /*@dist force_custom_plan */
 AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
@@ -72,6 +72,14 @@ DECLARE
     v_dup      boolean := false;
     v_batches  text;
     v_job_batches bigint[];
+    -- The parts of the shard whose jobs this transaction picked.
+    /*@dist v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
+    /*@dist v_part integer; */
+    -- Retry times, computed here: Citus refuses a time computed in an
+    -- update's CASE (timestamptz arithmetic is not immutable).
+    /*@dist v_retry_at timestamptz[] := ARRAY(SELECT v_now + d.us * interval '1 microsecond'
+                                             FROM unnest(p_retry_delay_us) WITH ORDINALITY AS d(us, n)
+                                             ORDER BY d.n); */
 BEGIN
     -- (Array expressions, not queries: plpgsql evaluates them without
     -- starting an executor.)
@@ -86,7 +94,7 @@ BEGIN
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
     END IF;
     ready_now := false;
-    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+    IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
         v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = ANY (p_queues));
     END IF;
     IF v_controlled THEN
@@ -148,12 +156,15 @@ BEGIN
             state       = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN 'queued' ELSE v_outcome END,
             attempts    = CASE WHEN v_outcome = 'snoozed' THEN attempts ELSE p_attempts[1] END,
             last_error  = coalesce(p_errors[1], last_error),
-            result      = p_results[1],
+            -- (Distributed: through a subquery; Citus 13.2.2's server
+            -- crashed on this update with the array's element itself.)
+            result      = /*@plain*/ p_results[1] /*@end*/ /*@dist (SELECT p_results[1]) */,
             run_after   = CASE WHEN v_outcome IN ('retry', 'snoozed')
-                               THEN v_now + p_retry_delay_us[1] * interval '1 microsecond'
+                               THEN /*@plain*/ v_now + p_retry_delay_us[1] * interval '1 microsecond' /*@end*/
+                                    /*@dist v_retry_at[1] */
                                ELSE run_after END,
             finished_at = CASE WHEN v_outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
-        WHERE id = p_ids[1];
+        WHERE id = p_ids[1] /*@dist AND part = ANY (v_parts) */;
     ELSE
         UPDATE pgfifo.job AS j SET
             state       = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN 'queued' ELSE t.outcome END,
@@ -161,12 +172,14 @@ BEGIN
             last_error  = coalesce(t.error, j.last_error),
             result      = t.result,
             run_after   = CASE WHEN t.outcome IN ('retry', 'snoozed')
-                               THEN v_now + t.delay_us * interval '1 microsecond'
+                               THEN /*@plain*/ v_now + t.delay_us * interval '1 microsecond' /*@end*/
+                                    /*@dist t.retry_at */
                                ELSE j.run_after END,
             finished_at = CASE WHEN t.outcome IN ('retry', 'snoozed') THEN NULL ELSE v_now END
-        FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us)
-             AS t(id, attempt, outcome, error, result, delay_us)
-        WHERE j.id = t.id;
+        FROM unnest(p_ids, p_attempts, p_outcomes, p_errors, p_results, p_retry_delay_us
+                    /*@dist , v_retry_at */)
+             AS t(id, attempt, outcome, error, result, delay_us /*@dist , retry_at */)
+        WHERE j.id = t.id /*@dist AND j.part = ANY (v_parts) */;
     END IF;
     -- Jobs followed in this call by a later job of their group: the group's
     -- head moves (or stays) by its last job alone, and only a success may
@@ -205,7 +218,7 @@ BEGIN
     -- migration 0012 was reverted.)
     v_batches := current_setting('pgfifo.complete_batches', true);
     IF coalesce(v_batches, '') = '' THEN
-        IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+        IF to_regclass('pgfifo.batch_job') IS NOT NULL /*@dist AND false */ THEN
             IF EXISTS (SELECT 1 FROM pgfifo.batch) THEN
                 PERFORM pgfifo.batch_outcomes(p_ids, p_outcomes);
             END IF;
@@ -224,7 +237,7 @@ BEGIN
     -- nobody waits (one probe of pgfifo.job_wait), skipped. A dependent
     -- whose enqueue has not committed is invisible here: the sweep
     -- (release_dependents) decides it. (Two IFs, as above.)
-    IF to_regclass('pgfifo.job_dependency') IS NOT NULL THEN
+    IF to_regclass('pgfifo.job_dependency') IS NOT NULL /*@dist AND false */ THEN
         IF EXISTS (SELECT 1 FROM pgfifo.job_wait) THEN
             PERFORM pgfifo.dependency_outcomes(p_ids, p_outcomes);
         END IF;
@@ -253,8 +266,9 @@ BEGIN
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
                 WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
+                  /*@dist AND j.part = g.part */
                 ORDER BY j.id LIMIT 1) AS next
-            WHERE g.queue = done.q AND g.group_id = done.grp
+            WHERE g.queue = done.q AND g.group_id = done.grp /*@dist AND g.part = ANY (v_parts) */
             RETURNING done.done_id, pgfifo.micros_until(next.run_after, v_now) AS ready_in)
         SELECT array_agg(moved.done_id), coalesce(bool_or(moved.ready_in = 0), false),
                array_agg(moved.ready_in) FILTER (WHERE moved.ready_in > 0)
@@ -265,6 +279,7 @@ BEGIN
         v_queue := p_queues[v_i];
         v_group := p_groups[v_i];
         v_outcome := p_outcomes[v_i];
+        /*@dist v_part := pgfifo.part_of(v_queue, v_group); */
         -- A retry (or a snooze) is work that nobody is woken for either.
         IF v_outcome IN ('retry', 'snoozed') THEN
             v_ready_in := greatest(coalesce(p_retry_delay_us[v_i], 0), 0);
@@ -283,7 +298,7 @@ BEGIN
                AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                            WHERE s.queue = v_queue AND s.failure_policy = 'hold') THEN
                 UPDATE pgfifo.queue_group SET head_id = v_id
-                WHERE queue = v_queue AND group_id = v_group AND head_id IS NULL;
+                WHERE queue = v_queue AND group_id = v_group AND head_id IS NULL /*@dist AND part = v_part */;
             END IF;
             CONTINUE;
         END IF;
@@ -295,27 +310,28 @@ BEGIN
             UPDATE pgfifo.queue_group
             SET head_id = v_id,
                 ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
-            WHERE queue = v_queue AND group_id = v_group;
+            WHERE queue = v_queue AND group_id = v_group /*@dist AND part = v_part */;
         ELSIF v_outcome = 'snoozed' THEN
             UPDATE pgfifo.queue_group
             SET head_id = v_id,
                 ready_at = greatest(ready_at, v_now + p_retry_delay_us[v_i] * interval '1 microsecond')
-            WHERE queue = v_queue AND group_id = v_group;
-            INSERT INTO pgfifo.group_snooze AS s (queue, group_id, until, job_id)
-            VALUES (v_queue, v_group, v_now + p_retry_delay_us[v_i] * interval '1 microsecond', v_id)
-            ON CONFLICT (queue, group_id) DO UPDATE SET until = excluded.until, job_id = excluded.job_id;
+            WHERE queue = v_queue AND group_id = v_group /*@dist AND part = v_part */;
+            INSERT INTO pgfifo.group_snooze AS s (queue, group_id, until, job_id /*@dist , part */)
+            VALUES (v_queue, v_group, v_now + p_retry_delay_us[v_i] * interval '1 microsecond', v_id
+                    /*@dist , pgfifo.part_of(v_queue, v_group) */)
+            ON CONFLICT (/*@dist part, */ queue, group_id) DO UPDATE SET until = excluded.until, job_id = excluded.job_id;
         ELSIF v_outcome = 'failed'
               AND EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s
                           WHERE s.queue = v_queue AND s.failure_policy = 'hold') THEN
             UPDATE pgfifo.queue_group SET head_id = v_id, ready_at = NULL
-            WHERE queue = v_queue AND group_id = v_group;
+            WHERE queue = v_queue AND group_id = v_group /*@dist AND part = v_part */;
         ELSE
             v_advanced := 0;
             IF v_n = 1 THEN
                 WITH next AS (
                     SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
                     WHERE j.queue = v_queue AND j.group_id = v_group AND j.state = 'queued'
-                      AND j.id <> v_id
+                      AND j.id <> v_id /*@dist AND j.part = v_part */
                     ORDER BY j.id LIMIT 1),
                 moved AS (
                     UPDATE pgfifo.queue_group AS g
@@ -325,6 +341,7 @@ BEGIN
                                         THEN g.ready_at ELSE next.run_after END
                     FROM next
                     WHERE g.queue = v_queue AND g.group_id = v_group
+                      /*@dist AND g.part = v_part */
                     RETURNING pgfifo.micros_until(next.run_after, v_now) AS ready_in)
                 SELECT count(*), min(moved.ready_in)
                 INTO v_advanced, v_ready_in FROM moved;
@@ -363,12 +380,14 @@ BEGIN
     IF 'snoozed' = ANY (p_outcomes) THEN
         DELETE FROM pgfifo.job_attempt AS a
         USING unnest(p_ids, p_attempts, p_outcomes) AS t(id, attempt, outcome)
-        WHERE t.outcome = 'snoozed' AND a.job_id = t.id AND a.attempt = t.attempt;
+        WHERE t.outcome = 'snoozed' AND a.job_id = t.id AND a.attempt = t.attempt
+          /*@dist AND a.part = ANY (v_parts) */;
     END IF;
     IF cardinality(array_remove(p_errors, NULL)) > 0 THEN
         UPDATE pgfifo.job_attempt AS a SET error = t.error, finished_at = v_now
         FROM unnest(p_ids, p_attempts, p_errors) AS t(id, attempt, error)
-        WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt;
+        WHERE t.error IS NOT NULL AND a.job_id = t.id AND a.attempt = t.attempt
+          /*@dist AND a.part = ANY (v_parts) */;
     END IF;
     RETURN;
 END

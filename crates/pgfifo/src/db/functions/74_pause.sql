@@ -10,7 +10,8 @@
 CREATE OR REPLACE FUNCTION pgfifo.pause_group(p_queue text, p_group text) RETURNS boolean
 LANGUAGE sql
 BEGIN ATOMIC
-    INSERT INTO pgfifo.group_pause (queue, group_id) VALUES (p_queue, p_group)
+    INSERT INTO pgfifo.group_pause (queue, group_id /*@dist , part */)
+    VALUES (p_queue, p_group /*@dist , pgfifo.part_of(p_queue, p_group) */)
     ON CONFLICT DO NOTHING
     RETURNING true;
 END;
@@ -21,11 +22,13 @@ CREATE OR REPLACE FUNCTION pgfifo.resume_group(p_queue text, p_group text) RETUR
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    DELETE FROM pgfifo.group_pause WHERE queue = p_queue AND group_id = p_group;
+    DELETE FROM pgfifo.group_pause WHERE queue = p_queue AND group_id = p_group
+      /*@dist AND part = pgfifo.part_of(p_queue, p_group) */;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    INSERT INTO pgfifo.group_wake (queue, group_id) VALUES (p_queue, p_group);
+    INSERT INTO pgfifo.group_wake (queue, group_id /*@dist , part */)
+    VALUES (p_queue, p_group /*@dist , pgfifo.part_of(p_queue, p_group) */);
     PERFORM pg_notify('pgfifo_groups', p_queue);
     RETURN true;
 END
