@@ -1,30 +1,54 @@
 //! Group concurrency N and the failure policy 'hold' on the cluster, with
-//! pgfifo unchanged on the coordinator (see `coordinator`).
+//! pgfifo unchanged on the coordinator (see `coordinator`); and the policy
+//! on the distributed layout, where group limits are refused (not ported
+//! yet).
 
 use pgfifo::admin::FailurePolicy;
+use pgfifo::migrate::Layout;
 use pgfifo::{EnqueueOptions, GroupLimits, NewJob};
 use pgfifo_tests::test_config;
 
-use crate::coordinator::{count, job, migrated_cluster, wait_for};
+use crate::coordinator::{cluster_with, count, job, wait_for};
 use crate::jobs::LogJob;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn group_concurrency_three_and_a_held_group() {
-    let (cluster, mut conn) = migrated_cluster().await;
+    limits_and_hold(Layout::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn a_held_group_on_the_distributed_layout() {
+    limits_and_hold(Layout::Distributed).await;
+}
+
+async fn limits_and_hold(layout: Layout) {
+    let (cluster, mut conn) = cluster_with(layout).await;
     let url = cluster.url();
 
     // Group "wide" runs up to 3 jobs at once, in FIFO start order: no job
-    // finishes before an older one has begun.
-    pgfifo::admin::set_group_limits(
+    // finishes before an older one has begun. The distributed layout
+    // refuses group limits, naming them.
+    let limited = pgfifo::admin::set_group_limits(
         &mut conn,
         "citus",
         "wide",
         GroupLimits::new().concurrency(3),
     )
-    .await
-    .expect("limits");
-    let wide = (0..12).map(|seq| {
+    .await;
+    let wide_jobs = match layout {
+        Layout::Plain => {
+            limited.expect("limits");
+            12
+        }
+        Layout::Distributed => {
+            let refused = limited.expect_err("group limits on the distributed layout");
+            assert!(refused.to_string().contains("group controls"), "{refused}");
+            0
+        }
+    };
+    let wide = (0..wide_jobs).map(|seq| {
         let job = LogJob {
             group: "wide".into(),
             seq,
@@ -64,11 +88,33 @@ async fn group_concurrency_three_and_a_held_group() {
     wait_for(
         &url,
         "SELECT count(*) FROM pgfifo.job WHERE state <> 'queued' AND group_id IN ('wide', 'held', 'free')",
-        14,
+        wide_jobs + 2,
     )
     .await;
+    if wide_jobs > 0 {
+        wide_checks(&mut conn).await;
+    }
+    hold_checks(&mut conn, layout).await;
+
+    // Back to 'continue': the held group is released and goes on.
+    let released = pgfifo::admin::set_failure_policy(&mut conn, "citus", FailurePolicy::Continue)
+        .await
+        .expect("policy");
+    assert_eq!(released, 1);
+    wait_for(
+        &url,
+        "SELECT count(*) FROM pgfifo.job WHERE group_id = 'held' AND state = 'succeeded'",
+        1,
+    )
+    .await;
+    runner.shutdown().await.expect("shutdown");
+}
+
+/// At most three of the wide group's jobs ran at once, two or more did,
+/// and none ran through before an older one began.
+async fn wide_checks(conn: &mut diesel_async::AsyncPgConnection) {
     let peak = count(
-        &mut conn,
+        conn,
         "SELECT max(c) FROM (SELECT (SELECT count(*) FROM citus_log b
              WHERE b.grp = a.grp AND b.started_at <= a.started_at AND b.ended_at > a.started_at) AS c
          FROM citus_log a WHERE a.grp = 'wide') s",
@@ -84,7 +130,7 @@ async fn group_concurrency_three_and_a_held_group() {
     );
     assert_eq!(
         count(
-            &mut conn,
+            conn,
             "SELECT count(*) FROM citus_log a JOIN citus_log b ON a.grp = b.grp AND a.seq < b.seq
              WHERE a.grp = 'wide' AND a.started_at >= b.ended_at"
         )
@@ -93,9 +139,18 @@ async fn group_concurrency_three_and_a_held_group() {
         "a younger job of the wide group ran through before an older one began \
          (jobs picked a moment apart may begin their handlers in either order)"
     );
+}
+
+/// The held group's head failed for good, the job behind it never started,
+/// and the other group ran.
+async fn hold_checks(conn: &mut diesel_async::AsyncPgConnection, layout: Layout) {
+    let same_part = match layout {
+        Layout::Plain => "",
+        Layout::Distributed => "a.part = j.part AND",
+    };
     assert_eq!(
         count(
-            &mut conn,
+            conn,
             "SELECT count(*) FROM pgfifo.job WHERE group_id = 'held' AND state = 'failed'"
         )
         .await,
@@ -103,9 +158,12 @@ async fn group_concurrency_three_and_a_held_group() {
     );
     assert_eq!(
         count(
-            &mut conn,
-            "SELECT count(*) FROM pgfifo.job j WHERE group_id = 'held' AND state = 'queued'
-               AND NOT EXISTS (SELECT 1 FROM pgfifo.job_attempt a WHERE a.job_id = j.id)"
+            conn,
+            &format!(
+                "SELECT count(*) FROM pgfifo.job j WHERE group_id = 'held' AND state = 'queued'
+                   AND NOT EXISTS (SELECT 1 FROM pgfifo.job_attempt a
+                                   WHERE {same_part} a.job_id = j.id)"
+            )
         )
         .await,
         1,
@@ -113,24 +171,12 @@ async fn group_concurrency_three_and_a_held_group() {
     );
     assert_eq!(
         count(
-            &mut conn,
+            conn,
             "SELECT count(*) FROM pgfifo.job WHERE group_id = 'free' AND state = 'succeeded'"
         )
         .await,
         1,
         "another group stopped with the held one"
     );
-
-    // Back to 'continue': the held group is released and goes on.
-    let released = pgfifo::admin::set_failure_policy(&mut conn, "citus", FailurePolicy::Continue)
-        .await
-        .expect("policy");
-    assert_eq!(released, 1);
-    wait_for(
-        &url,
-        "SELECT count(*) FROM pgfifo.job WHERE group_id = 'held' AND state = 'succeeded'",
-        1,
-    )
-    .await;
-    runner.shutdown().await.expect("shutdown");
 }
+

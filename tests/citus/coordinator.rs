@@ -138,6 +138,14 @@ async fn fifo_across_two_runners(layout: Layout) {
     // Two runners of their own pools, as two processes would have, with
     // concurrency 4 each: 8 workers for 12 groups.
     let url = cluster.url();
+    // Citus's counts of single- and multi-shard statement executions, for
+    // the drain alone (new sessions take the setting).
+    conn.batch_execute(
+        "ALTER DATABASE postgres SET citus.enable_stat_counters = on;
+         SELECT citus_stat_counters_reset();",
+    )
+    .await
+    .expect("stat counters");
     let mut runners = Vec::new();
     for name in ["citus-a", "citus-b"] {
         let pool = pgfifo::connect(&url, 8).await.expect("pool");
@@ -156,6 +164,15 @@ async fn fifo_across_two_runners(layout: Layout) {
     for runner in runners {
         runner.shutdown().await.expect("shutdown");
     }
+    let executions = pgfifo_tests::query::text(
+        &mut conn,
+        "SELECT format('single_shard=%s multi_shard=%s', sum(query_execution_single_shard),
+                       sum(query_execution_multi_shard))
+         FROM citus_stat_counters(0)",
+    )
+    .await
+    .unwrap_or_default();
+    println!("citus drain ({layout:?} layout): 180 jobs, statement executions: {executions}");
 
     assert_eq!(
         count(&mut conn, "SELECT count(*) FROM citus_log").await,

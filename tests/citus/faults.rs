@@ -3,8 +3,10 @@
 //! jobs in flight) and started again, and one Citus worker node is
 //! restarted. With the unchanged layout pgfifo's rows are on the
 //! coordinator, so the worker node's restart tests that Citus's machinery
-//! around it (its connections, its maintenance daemon) leaves pgfifo alone,
-//! not a failover of pgfifo's data.
+//! around it (its connections, its maintenance daemon) leaves pgfifo alone.
+//! With the distributed layout about half the groups live on the restarted
+//! node: their picks and completions fail while it is down, their job
+//! transactions abort, and they run again once it is back.
 
 use std::collections::HashSet;
 use std::process::Command;
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 use diesel::sql_types::{BigInt, Integer};
 use diesel::QueryableByName;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use pgfifo::migrate::Layout;
 use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
 use pgfifo_tests::acked_worker::AckedWorker;
 use pgfifo_tests::citus::Cluster;
@@ -72,12 +75,27 @@ async fn wait_logged(conn: &mut diesel_async::AsyncPgConnection, n: i64, what: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
 async fn runner_processes_killed_and_a_worker_node_restarted_lose_nothing() {
+    faults(Layout::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn the_same_faults_on_the_distributed_layout() {
+    faults(Layout::Distributed).await;
+}
+
+async fn faults(layout: Layout) {
     let cluster = Cluster::start().await.expect("start the Citus cluster");
     let url = cluster.url();
     let mut conn = cluster.coordinator_conn().await.expect("coordinator");
     pgfifo::migrate::migrate_conn(&mut conn)
         .await
         .expect("migrate");
+    if layout == Layout::Distributed {
+        pgfifo::migrate::distribute(&mut conn)
+            .await
+            .expect("distribute");
+    }
     conn.batch_execute(
         "CREATE TABLE mp_log (job_id bigint NOT NULL, grp integer NOT NULL, \
          seq integer NOT NULL, pid integer NOT NULL, started_ns bigint NOT NULL, \
@@ -211,11 +229,12 @@ async fn runner_processes_killed_and_a_worker_node_restarted_lose_nothing() {
     // kill fell mid-handler, when it did.
     let interrupted = scalar(
         &mut conn,
-        "SELECT count(*) FROM (SELECT job_id FROM pgfifo.job_attempt GROUP BY 1 HAVING count(*) > 1) s",
+        "SELECT count(*) FROM (SELECT job_id FROM pgfifo.job_attempt GROUP BY job_id
+                               HAVING count(*) > 1) s",
     )
     .await;
     println!(
-        "citus faults: processes={PROCESSES} killed=1 interrupted_jobs={interrupted} \
+        "citus faults ({layout:?} layout): processes={PROCESSES} killed=1 interrupted_jobs={interrupted} \
          worker_node_restarts=1 jobs={total} \
          acknowledged={} lost={lost} never_committed={never} reruns={reruns} \
          duplicates={duplicates} order_violations={order_violations} overlaps={overlaps}",

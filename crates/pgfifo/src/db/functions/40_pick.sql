@@ -873,11 +873,15 @@ $$;
 -- The distributed layout's pick (docs/scaling.md): the function above,
 -- installed there as pgfifo.pick_in with the parts of one shard as its
 -- first argument (every statement it runs on the groups' and jobs' tables
--- then names parts of that shard, so Citus routes each to it), called
--- shard by shard from a place that differs per session and per turn,
--- until one gives something. That shard's parts stay in the transaction's
--- setting pgfifo.pick_parts, for the completion of its jobs. Every row
--- says `more`: other shards may have work that this pick did not look at.
+-- then names parts of that shard, so Citus routes each to it). It first
+-- tries the shard where this session's turn points; when that gives
+-- nothing, one read of every shard (in parallel, on their ready indexes)
+-- says which shards have a ready group or ungrouped job, and it tries
+-- those in turn order until one gives something. So a busy runner's pick
+-- touches one shard, and an idle one's costs one read of each. The shard
+-- it took jobs from stays in the transaction's setting pgfifo.pick_parts,
+-- for the completion of its jobs. Every row says `more`: other shards may
+-- have work that this pick did not look at.
 /*@dist
 CREATE OR REPLACE FUNCTION pgfifo.pick(
     p_queues          text[],
@@ -897,9 +901,28 @@ DECLARE
     v_shards integer := (SELECT count(*) FROM pgfifo.layout_shard);
     v_start  integer := ((p_turn::bigint & 2147483647) + pg_backend_pid()) % greatest(v_shards, 1);
     v_parts  integer[];
+    v_ready  integer[];
+    v_now    timestamptz := statement_timestamp();
 BEGIN
+    SELECT s.parts INTO v_parts FROM pgfifo.layout_shard AS s WHERE s.shard = v_start;
+    RETURN QUERY
+    SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, p.id IS NOT NULL
+    FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
+                        p_default_idle_ms, p_limit, p_held) AS p;
+    IF FOUND THEN
+        PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
+        RETURN;
+    END IF;
+    v_ready := ARRAY(SELECT g.part FROM pgfifo.queue_group AS g
+                     WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
+                       AND g.ready_at <= v_now
+                     UNION
+                     SELECT j.part FROM pgfifo.job AS j
+                     WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
+                       AND j.state = 'queued' AND j.run_after <= v_now);
     FOR v_parts IN
         SELECT s.parts FROM pgfifo.layout_shard AS s
+        WHERE s.shard <> v_start AND s.parts && v_ready
         ORDER BY (s.shard - v_start + v_shards) % v_shards
     LOOP
         RETURN QUERY

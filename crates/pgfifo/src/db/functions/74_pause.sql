@@ -41,10 +41,12 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_was boolean;
+    -- (Citus takes only constants in an upsert's update of a reference table.)
+    /*@dist v_now timestamptz := now(); */
 BEGIN
     SELECT s.paused INTO v_was FROM pgfifo.queue_setting AS s WHERE s.queue = p_queue FOR UPDATE;
     INSERT INTO pgfifo.queue_setting AS s (queue, paused) VALUES (p_queue, p_paused)
-    ON CONFLICT (queue) DO UPDATE SET paused = p_paused, updated_at = now();
+    ON CONFLICT (queue) DO UPDATE SET paused = p_paused, updated_at = /*@plain*/ now() /*@end*/ /*@dist v_now */;
     IF NOT p_paused THEN
         PERFORM pg_notify('pgfifo', p_queue);
     END IF;

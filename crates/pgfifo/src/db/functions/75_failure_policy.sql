@@ -13,12 +13,14 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_released integer := 0;
+    -- (Citus takes only constants in an upsert's update of a reference table.)
+    /*@dist v_now timestamptz := now(); */
 BEGIN
     INSERT INTO pgfifo.queue_setting AS s (queue, failure_policy) VALUES (p_queue, p_policy)
-    ON CONFLICT (queue) DO UPDATE SET failure_policy = p_policy, updated_at = now();
+    ON CONFLICT (queue) DO UPDATE SET failure_policy = p_policy, updated_at = /*@plain*/ now() /*@end*/ /*@dist v_now */;
     IF p_policy = 'continue' THEN
-        INSERT INTO pgfifo.group_wake (queue, group_id)
-        SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
+        INSERT INTO pgfifo.group_wake (queue, group_id /*@dist , part */)
+        SELECT g.queue, g.group_id /*@dist , g.part */ FROM pgfifo.queue_group AS g
         WHERE g.queue = p_queue AND g.ready_at IS NULL AND g.head_id IS NOT NULL;
         GET DIAGNOSTICS v_released = ROW_COUNT;
         PERFORM pg_notify('pgfifo_groups', p_queue);
