@@ -25,6 +25,7 @@
 mod controls;
 mod coordinator;
 mod distributed;
+mod distributed_admin;
 mod distributed_enqueue;
 mod drain;
 mod faults;

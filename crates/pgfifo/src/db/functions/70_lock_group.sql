@@ -16,29 +16,30 @@ AS $$
 DECLARE
     v_timeout text := current_setting('lock_timeout');
     v_found   boolean;
+    /*@dist v_part integer := pgfifo.part_of(p_queue, p_group); */
 BEGIN
     PERFORM 1 FROM pgfifo.queue_group AS g
-    WHERE g.queue = p_queue AND g.group_id = p_group
+    WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
         -- A long run holds its group without the row's lock: its mark
         -- (45_long_run.sql) says a job runs.
         RETURN NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                           WHERE g.queue = p_queue AND g.group_id = p_group
+                           WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */
                              AND g.ready_at = '-infinity');
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                   WHERE g.queue = p_queue AND g.group_id = p_group) THEN
+                   WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */) THEN
         RETURN false;
     END IF;
     PERFORM set_config('lock_timeout', '250ms', true);
     BEGIN
         PERFORM 1 FROM pgfifo.queue_group AS g
-        WHERE g.queue = p_queue AND g.group_id = p_group
+        WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */
         FOR UPDATE;
         v_found := FOUND -- (deleted while waiting: false)
                    AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                                   WHERE g.queue = p_queue AND g.group_id = p_group
+                                   WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */
                                      AND g.ready_at = '-infinity');
         PERFORM set_config('lock_timeout', v_timeout, true);
         RETURN v_found;

@@ -15,9 +15,12 @@ DECLARE
     v_job   record;
     v_head  bigint;
     v_held  boolean := false;
+    /*@dist v_now timestamptz := now(); */
 BEGIN
     PERFORM pgfifo.require_read_committed('cancel');
-    SELECT j.queue, j.group_id, j.state INTO v_job FROM pgfifo.job AS j WHERE j.id = p_id;
+    -- (Distributed: this read finds the job's part, on every shard.)
+    SELECT j.queue, j.group_id, j.state /*@dist , j.part */ INTO v_job
+    FROM pgfifo.job AS j WHERE j.id = p_id;
     IF NOT FOUND THEN
         RETURN 'missing';
     END IF;
@@ -29,30 +32,33 @@ BEGIN
         v_held := pgfifo.lock_group(v_job.queue, v_job.group_id);
         IF v_held THEN
             SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
-            WHERE g.queue = v_job.queue AND g.group_id = v_job.group_id;
+            WHERE g.queue = v_job.queue AND g.group_id = v_job.group_id
+              /*@dist AND g.part = v_job.part */;
         ELSE
             -- Locked (a job of the group runs) or never promoted. A job other
             -- than the head can go without the group's lock.
             SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
-            WHERE g.queue = v_job.queue AND g.group_id = v_job.group_id;
+            WHERE g.queue = v_job.queue AND g.group_id = v_job.group_id
+              /*@dist AND g.part = v_job.part */;
             IF FOUND AND v_head = p_id THEN
                 RETURN 'running';
             END IF;
         END IF;
     END IF;
-    PERFORM 1 FROM pgfifo.job AS j WHERE j.id = p_id AND j.state = 'queued' FOR UPDATE SKIP LOCKED;
+    PERFORM 1 FROM pgfifo.job AS j WHERE j.id = p_id AND j.state = 'queued' /*@dist AND j.part = v_job.part */ FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
-        RETURN CASE WHEN EXISTS (SELECT 1 FROM pgfifo.job AS j WHERE j.id = p_id AND j.state = 'queued')
+        RETURN CASE WHEN EXISTS (SELECT 1 FROM pgfifo.job AS j WHERE j.id = p_id AND j.state = 'queued' /*@dist AND j.part = v_job.part */)
                     THEN 'running' ELSE 'not_queued' END;
     END IF;
     UPDATE pgfifo.job
-    SET state = 'cancelled', finished_at = now(), last_error = coalesce(p_reason, last_error)
-    WHERE id = p_id;
-    IF to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+    SET state = 'cancelled', finished_at = /*@plain*/ now() /*@end*/ /*@dist v_now */,
+        last_error = coalesce(p_reason, last_error)
+    WHERE id = p_id /*@dist AND part = v_job.part */;
+    IF to_regclass('pgfifo.batch_job') IS NOT NULL /*@dist AND false */ THEN
         PERFORM pgfifo.batch_outcomes(ARRAY[p_id], ARRAY['cancelled']);
     END IF;
     -- Its dependents, and its own wait (see 18_dependencies.sql).
-    IF to_regclass('pgfifo.job_dependency') IS NOT NULL THEN
+    IF to_regclass('pgfifo.job_dependency') IS NOT NULL /*@dist AND false */ THEN
         IF EXISTS (SELECT 1 FROM pgfifo.job_wait) THEN
             PERFORM pgfifo.dependency_outcomes(ARRAY[p_id], ARRAY['cancelled']);
         END IF;

@@ -16,13 +16,15 @@ DECLARE
     v_ready   timestamptz;
     v_skipped integer;
     v_queued  boolean;
+    /*@dist v_part integer := pgfifo.part_of(p_queue, p_group); */
+    /*@dist v_now timestamptz := now(); */
 BEGIN
     PERFORM pgfifo.require_read_committed('skip-head');
     IF pgfifo.lock_group(p_queue, p_group) THEN
         SELECT g.head_id, g.ready_at INTO v_head, v_ready FROM pgfifo.queue_group AS g
-        WHERE g.queue = p_queue AND g.group_id = p_group;
+        WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */;
     ELSE
-        IF EXISTS (SELECT 1 FROM pgfifo.queue_group AS g WHERE g.queue = p_queue AND g.group_id = p_group) THEN
+        IF EXISTS (SELECT 1 FROM pgfifo.queue_group AS g WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */) THEN
             RAISE EXCEPTION 'the head of group % in queue % is running', p_group, p_queue
                 USING ERRCODE = 'lock_not_available', CONSTRAINT = 'pgfifo_group_busy',
                       HINT = 'wait for it to finish, or let its timeout end it';
@@ -38,19 +40,21 @@ BEGIN
     -- the update below then marks the queued job failed; read without the
     -- lock, its failure would not be counted in its batch.
     SELECT j.state = 'queued' INTO v_queued FROM pgfifo.job AS j
-    WHERE j.id = v_head
+    WHERE j.id = v_head /*@dist AND j.part = v_part */
     FOR UPDATE;
     UPDATE pgfifo.job
     SET state = 'failed',
-        finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END,
+        finished_at = CASE WHEN state = 'queued' THEN /*@plain*/ now() /*@end*/ /*@dist v_now */
+                           ELSE finished_at END,
         last_error = coalesce(p_reason, last_error)
-    WHERE id = v_head AND (state = 'queued' OR (state = 'failed' AND v_ready IS NULL));
+    WHERE id = v_head AND (state = 'queued' OR (state = 'failed' AND v_ready IS NULL))
+      /*@dist AND part = v_part */;
     GET DIAGNOSTICS v_skipped = ROW_COUNT;
-    IF v_skipped > 0 AND v_queued AND to_regclass('pgfifo.batch_job') IS NOT NULL THEN
+    IF v_skipped > 0 AND v_queued AND to_regclass('pgfifo.batch_job') IS NOT NULL /*@dist AND false */ THEN
         PERFORM pgfifo.batch_outcomes(ARRAY[v_head], ARRAY['failed']);
     END IF;
     -- Its dependents, and its own wait (see 18_dependencies.sql).
-    IF v_skipped > 0 AND v_queued AND to_regclass('pgfifo.job_dependency') IS NOT NULL THEN
+    IF v_skipped > 0 AND v_queued AND to_regclass('pgfifo.job_dependency') IS NOT NULL /*@dist AND false */ THEN
         IF EXISTS (SELECT 1 FROM pgfifo.job_wait) THEN
             PERFORM pgfifo.dependency_outcomes(ARRAY[v_head], ARRAY['failed']);
         END IF;
