@@ -179,4 +179,3 @@ async fn hold_checks(conn: &mut diesel_async::AsyncPgConnection, layout: Layout)
         "another group stopped with the held one"
     );
 }
-

@@ -92,7 +92,10 @@ async fn cancel_skip_head_retry_and_queue_pause_on_the_distributed_layout() {
     assert_eq!(
         count(
             &mut conn,
-            &format!("SELECT count(*) FROM pgfifo.job WHERE id = {} AND state = 'cancelled'", ids[1])
+            &format!(
+                "SELECT count(*) FROM pgfifo.job WHERE id = {} AND state = 'cancelled'",
+                ids[1]
+            )
         )
         .await,
         1
@@ -109,9 +112,18 @@ async fn cancel_skip_head_retry_and_queue_pause_on_the_distributed_layout() {
         .await
         .expect("retry");
     let results: Vec<(i64, RetryResult)> = retried.iter().map(|r| (r.id, r.result)).collect();
-    assert!(results.contains(&(ids[5], RetryResult::Retried)), "{results:?}");
-    assert!(results.contains(&(ids[0], RetryResult::NotFailed)), "{results:?}");
-    assert!(results.contains(&(i64::MAX, RetryResult::Missing)), "{results:?}");
+    assert!(
+        results.contains(&(ids[5], RetryResult::Retried)),
+        "{results:?}"
+    );
+    assert!(
+        results.contains(&(ids[0], RetryResult::NotFailed)),
+        "{results:?}"
+    );
+    assert!(
+        results.contains(&(i64::MAX, RetryResult::Missing)),
+        "{results:?}"
+    );
     wait_for(
         &url,
         "SELECT count(*) FROM pgfifo.job WHERE group_id IN ('held', 'r') AND state = 'succeeded'",

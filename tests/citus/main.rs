@@ -26,6 +26,7 @@ mod controls;
 mod coordinator;
 mod distributed;
 mod distributed_admin;
+mod distributed_drain;
 mod distributed_enqueue;
 mod drain;
 mod faults;

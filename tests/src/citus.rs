@@ -195,3 +195,29 @@ pub fn cpu_ticks(node: &Node) -> u64 {
     }
     ticks
 }
+
+/// Like [`cpu_ticks`], and with the CPU of the processes that exited
+/// (their postmaster's `cutime` and `cstime`, counted when it reaped them):
+/// Citus closes the extra connections it opened to the workers once a
+/// transaction ends, and their work counts too.
+pub fn cpu_ticks_all(node: &Node) -> u64 {
+    let live = cpu_ticks(node);
+    let Some(postmaster) = node.postmaster_pid() else {
+        return live;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{postmaster}/stat")) else {
+        return live;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return live;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime stime cutime cstime: fields 14 to 17 (11 to 14 after the comm).
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    live + field(11) + field(12) + field(13) + field(14)
+}

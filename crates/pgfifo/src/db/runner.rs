@@ -115,12 +115,15 @@ pub(crate) async fn next_token_in(
     .await
 }
 
-const NOTE_ATTEMPT_ERROR: &str =
-    "UPDATE pgfifo.job_attempt SET error = $1, finished_at = clock_timestamp() \
+/// (`now()`, the statement's start in autocommit: Citus refuses a volatile
+/// function such as `clock_timestamp()` in an update of a distributed
+/// table.)
+const NOTE_ATTEMPT_ERROR: &str = "UPDATE pgfifo.job_attempt SET error = $1, finished_at = now() \
                                   WHERE job_id = $2 AND attempt = $3";
 
 /// Notes the error of an attempt whose transaction could not record it (its
-/// connection was lost or had to be discarded).
+/// connection was lost or had to be discarded). On the distributed layout
+/// the update looks for the attempt on every shard (a rare path).
 pub(crate) async fn note_attempt_error(
     conn: &mut AsyncPgConnection,
     job_id: i64,

@@ -59,9 +59,14 @@ $$;
 CREATE OR REPLACE FUNCTION pgfifo.job_batch(p_id bigint) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
+-- (Distributed: the pick's shard, in a variable: Citus routes a statement
+-- by its part only when the part is a constant or a parameter.)
+/*@dist DECLARE v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
 BEGIN
+    -- (Distributed: no batches yet, so no statement per job for them.)
+    /*@dist RETURN NULL; */
     RETURN (SELECT b.batch_id FROM pgfifo.batch_job AS b WHERE b.job_id = p_id
-            /*@dist AND b.part = ANY (current_setting('pgfifo.pick_parts', true)::integer[]) */);
+            /*@dist AND b.part = ANY (v_parts) */);
 END
 $$;
 

@@ -849,24 +849,26 @@ $$;
 CREATE OR REPLACE FUNCTION pgfifo.job_traceparent(p_id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
+/*@dist DECLARE v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
 BEGIN
     IF to_regclass('pgfifo.job_trace') IS NULL THEN
         RETURN NULL;
     END IF;
     RETURN (SELECT t.traceparent FROM pgfifo.job_trace AS t WHERE t.job_id = p_id
-            /*@dist AND t.part = ANY (current_setting('pgfifo.pick_parts', true)::integer[]) */);
+            /*@dist AND t.part = ANY (v_parts) */);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION pgfifo.job_tracestate(p_id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE
 AS $$
+/*@dist DECLARE v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
 BEGIN
     IF to_regclass('pgfifo.job_trace') IS NULL THEN
         RETURN NULL;
     END IF;
     RETURN (SELECT t.tracestate FROM pgfifo.job_trace AS t WHERE t.job_id = p_id
-            /*@dist AND t.part = ANY (current_setting('pgfifo.pick_parts', true)::integer[]) */);
+            /*@dist AND t.part = ANY (v_parts) */);
 END
 $$;
 
@@ -904,15 +906,20 @@ DECLARE
     v_ready  integer[];
     v_now    timestamptz := statement_timestamp();
 BEGIN
-    SELECT s.parts INTO v_parts FROM pgfifo.layout_shard AS s WHERE s.shard = v_start;
-    RETURN QUERY
-    SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, p.id IS NOT NULL
-    FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
-                        p_default_idle_ms, p_limit, p_held) AS p;
-    IF FOUND THEN
-        PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
-        RETURN;
-    END IF;
+    FOR v_parts IN
+        SELECT s.parts FROM pgfifo.layout_shard AS s
+        ORDER BY (s.shard - v_start + v_shards) % v_shards LIMIT 3
+    LOOP
+        RETURN QUERY
+        SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
+               p.id IS NOT NULL
+        FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
+                            p_default_idle_ms, p_limit, p_held) AS p;
+        IF FOUND THEN
+            PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
+            RETURN;
+        END IF;
+    END LOOP;
     v_ready := ARRAY(SELECT g.part FROM pgfifo.queue_group AS g
                      WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
                        AND g.ready_at <= v_now
@@ -922,7 +929,7 @@ BEGIN
                        AND j.state = 'queued' AND j.run_after <= v_now);
     FOR v_parts IN
         SELECT s.parts FROM pgfifo.layout_shard AS s
-        WHERE s.shard <> v_start AND s.parts && v_ready
+        WHERE (s.shard - v_start + v_shards) % v_shards >= 3 AND s.parts && v_ready
         ORDER BY (s.shard - v_start + v_shards) % v_shards
     LOOP
         RETURN QUERY

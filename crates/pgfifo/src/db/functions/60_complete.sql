@@ -266,7 +266,7 @@ BEGIN
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_after FROM pgfifo.job AS j
                 WHERE j.queue = q AND j.group_id = grp AND j.state = 'queued' AND j.id <> done_id
-                  /*@dist AND j.part = g.part */
+                  /*@dist AND j.part = ANY (v_parts) */
                 ORDER BY j.id LIMIT 1) AS next
             WHERE g.queue = done.q AND g.group_id = done.grp /*@dist AND g.part = ANY (v_parts) */
             RETURNING done.done_id, pgfifo.micros_until(next.run_after, v_now) AS ready_in)
