@@ -2,9 +2,9 @@
 //! at the coordinator, `pgfifo::migrate` lays out the schema there (Citus
 //! keeps the tables local to the coordinator and copies the schema and
 //! functions to the workers), and the guarantees hold through the public
-//! API. This is the first step of docs/scaling.md's plan: it proves that
-//! Citus being loaded changes nothing for pgfifo, not that the work spreads
-//! (that needs the distributed layout, not built yet).
+//! API: Citus being loaded changes nothing for pgfifo. The same tests run
+//! on the distributed layout (`pgfifo::migrate::distribute`), where the
+//! work spreads over the workers.
 
 use std::time::Duration;
 

@@ -8,14 +8,26 @@
 //! * `coordinator`: pgfifo's schema migrated through the coordinator's URL,
 //!   unchanged (its tables stay on the coordinator), with the guarantees
 //!   that matter checked through the public API.
-//! * `controls`: a group of concurrency 3 and the failure policy 'hold'.
+//!   `coordinator` also runs the same on the distributed layout.
+//! * `controls`: a group of concurrency 3 and the failure policy 'hold'
+//!   (the policy on the distributed layout too, which refuses group limits).
+//! * `distributed`: `pgfifo::migrate::distribute` lays out a queue over the
+//!   cluster: each table distributed, co-located or copied as designed,
+//!   every row on its group's part, the jobs spread over both workers.
+//! * `distributed_enqueue`: enqueue on the distributed layout, and that a
+//!   single enqueue's statements each touch its group's shard.
+//! * `distributed_admin`: cancel, skip-head, retry and a paused queue on
+//!   the distributed layout, with a runner.
+//! * `distributed_drain`: a runner's drain on both layouts, with jobs/s,
+//!   CPU per node and statements per job printed for docs/scaling.md.
 //! * `drain`: the layout's job cycle in miniature, drained for real through
 //!   the coordinator (one job per call, eight, and one with a handler's
 //!   write on the coordinator) and through the workers,
 //!   with jobs/s and PostgreSQL CPU per job on each node printed.
 //! * `faults`: three `fifo-worker` processes through the coordinator, one
 //!   killed with `kill -9` and replaced, one Citus worker node restarted:
-//!   nothing lost, nothing twice, every group in order, no overlaps.
+//!   nothing lost, nothing twice, every group in order, no overlaps; on
+//!   both layouts.
 //! * `layout`: the premises of the distributed layout that docs/scaling.md
 //!   describes, checked on the real cluster: a pick that names its bucket
 //!   runs on one shard, a pick that does not is refused, a distributed

@@ -104,10 +104,11 @@ struct PickRow {
 /// `docs/tracing.md`) is read here, by job id, with the `otel` feature only,
 /// and not by `pick`, whose result type released runners depend on; and so
 /// is each job's batch (table `pgfifo.batch_job`), for its completion. Each
-/// through a function (`pgfifo.job_traceparent`, `pgfifo.job_tracestate`,
-/// `pgfifo.job_batch`) called in the select list, not a join: that keeps
-/// `pick`'s row order, which matters (heads first, then followers in
-/// order); and each function's query takes its own snapshot, where a
+/// through a function (`pgfifo.job_trace_context`, `pgfifo.job_batch`)
+/// called per row of `pick` (in the select list, or a lateral subquery
+/// without a table), not a join with the tables: that keeps `pick`'s row
+/// order, which matters (heads first, then followers in order); and each
+/// function's query takes its own snapshot, where a
 /// subquery here would use the statement's, taken before `pick` ran, and
 /// miss the batch or the context of a job enqueued meanwhile (a batch then
 /// never counted). In the distributed layout they look on the shard of the
@@ -118,7 +119,7 @@ struct PickRow {
 /// function in FROM returns its rows once it has run, so the setting is
 /// read after it.
 macro_rules! pick_sql {
-    ($trace:literal) => {
+    ($trace:literal, $trace_from:literal) => {
         concat!(
             "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
                     p.more, pg_backend_pid() AS backend_pid, \
@@ -130,16 +131,18 @@ macro_rules! pick_sql {
                            set_config('pgfifo.pick_slot_batch', $3::text, true) AS slot_batch) AS s \
               CROSS JOIN LATERAL pgfifo.pick($4, $5, $6, $7, $8, $9, $10, \
                                              CASE WHEN s.batch IS NOT NULL AND s.soon IS NOT NULL \
-                                                   AND s.slot_batch IS NOT NULL THEN $11 END) AS p"
+                                                   AND s.slot_batch IS NOT NULL THEN $11 END) AS p",
+            $trace_from
         )
     };
 }
 #[cfg(feature = "otel")]
 const PICK: &str = pick_sql!(
-    "pgfifo.job_traceparent(p.id) AS traceparent, pgfifo.job_tracestate(p.id) AS tracestate"
+    "c.ctx[1] AS traceparent, c.ctx[2] AS tracestate",
+    " CROSS JOIN LATERAL (SELECT pgfifo.job_trace_context(p.id) AS ctx) AS c"
 );
 #[cfg(not(feature = "otel"))]
-const PICK: &str = pick_sql!("NULL::text AS traceparent, NULL::text AS tracestate");
+const PICK: &str = pick_sql!("NULL::text AS traceparent, NULL::text AS tracestate", "");
 
 /// What a pick asks for.
 #[derive(Debug)]
@@ -266,7 +269,7 @@ mod tests {
             "a subquery: see pick_sql!"
         );
         assert_eq!(
-            PICK.contains("pgfifo.job_traceparent(p.id)"),
+            PICK.contains("pgfifo.job_trace_context(p.id)"),
             cfg!(feature = "otel"),
             "the context is read with the feature only"
         );

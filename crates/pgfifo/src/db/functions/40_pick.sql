@@ -840,13 +840,15 @@ END
 $$;
 
 -- The W3C trace context stored with job p_id at its enqueue (table
--- pgfifo.job_trace, docs/tracing.md): its traceparent, and its tracestate;
--- NULL without one, and after `migrate down` past 0009_trace_context. The
--- runner's pick statement reads them per job with the `otel` feature.
--- Functions, not subqueries of that statement: their queries take their
--- own snapshot (the statement's predates the jobs pick locks), and in the
--- distributed layout they look on the shard of this transaction's pick.
-CREATE OR REPLACE FUNCTION pgfifo.job_traceparent(p_id bigint) RETURNS text
+-- pgfifo.job_trace, docs/tracing.md), as {traceparent, tracestate}; NULL
+-- without one, and after `migrate down` past 0009_trace_context. The
+-- runner's pick statement reads it per job with the `otel` feature. A
+-- function, not a subquery of that statement: its query takes its own
+-- snapshot (the statement's predates the jobs pick locks), and in the
+-- distributed layout it looks on the shard of this transaction's pick
+-- (from a variable: Citus routes a statement by its part only when the
+-- part is a constant or a parameter).
+CREATE OR REPLACE FUNCTION pgfifo.job_trace_context(p_id bigint) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
 /*@dist DECLARE v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
@@ -854,21 +856,8 @@ BEGIN
     IF to_regclass('pgfifo.job_trace') IS NULL THEN
         RETURN NULL;
     END IF;
-    RETURN (SELECT t.traceparent FROM pgfifo.job_trace AS t WHERE t.job_id = p_id
-            /*@dist AND t.part = ANY (v_parts) */);
-END
-$$;
-
-CREATE OR REPLACE FUNCTION pgfifo.job_tracestate(p_id bigint) RETURNS text
-LANGUAGE plpgsql VOLATILE
-AS $$
-/*@dist DECLARE v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
-BEGIN
-    IF to_regclass('pgfifo.job_trace') IS NULL THEN
-        RETURN NULL;
-    END IF;
-    RETURN (SELECT t.tracestate FROM pgfifo.job_trace AS t WHERE t.job_id = p_id
-            /*@dist AND t.part = ANY (v_parts) */);
+    RETURN (SELECT ARRAY[t.traceparent, t.tracestate] FROM pgfifo.job_trace AS t
+            WHERE t.job_id = p_id /*@dist AND t.part = ANY (v_parts) */);
 END
 $$;
 
