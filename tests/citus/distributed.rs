@@ -267,7 +267,23 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     migrate::check_current(&mut conn)
         .await
         .expect("current for a runner");
-    // What is not ported refuses, naming it.
+    // What is not ported refuses, naming it: reverting migrations, a
+    // runner with retention, and (below) group controls.
+    let refused = migrate::rollback(&mut conn, 1)
+        .await
+        .expect_err("a rollback of the distributed layout");
+    assert!(
+        matches!(refused, pgfifo::Error::NotDistributed(_)),
+        "{refused}"
+    );
+    let pool = pgfifo::connect(&cluster.url(), 4).await.expect("pool");
+    let refused = pgfifo::runner::start(
+        pool,
+        pgfifo_tests::test_config().retention(pgfifo::Retention::default()),
+    )
+    .await
+    .expect_err("a runner with retention on the distributed layout");
+    assert!(refused.to_string().contains("retention"), "{refused}");
     let refused =
         diesel::sql_query("SELECT pgfifo.set_group_control('citus', 'g009', NULL, NULL, NULL, 2)")
             .execute(&mut conn)

@@ -167,7 +167,7 @@ async fn drain(layout: Layout) {
     let ms_per_job: Vec<String> = before
         .iter()
         .zip(&after)
-        .map(|(b, a)| format!("{:.2}", (a - b) as f64 * 10.0 / total as f64))
+        .map(|(b, a)| format!("{:.2}", a.saturating_sub(*b) as f64 * 10.0 / total as f64))
         .collect();
     println!(
         "citus runner drain ({layout:?} layout): jobs={total} groups={GROUPS} concurrency=16 \

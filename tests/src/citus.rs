@@ -196,10 +196,12 @@ pub fn cpu_ticks(node: &Node) -> u64 {
     ticks
 }
 
-/// Like [`cpu_ticks`], and with the CPU of the processes that exited
-/// (their postmaster's `cutime` and `cstime`, counted when it reaped them):
-/// Citus closes the extra connections it opened to the workers once a
-/// transaction ends, and their work counts too.
+/// Like [`cpu_ticks`], plus the postmaster's own CPU and that of the
+/// processes that exited (its `cutime` and `cstime`, counted when it
+/// reaped them): Citus closes the extra connections it opened to the
+/// workers once a transaction ends, and their work counts too. (A process
+/// that exited but is not reaped yet is counted by neither; compare two
+/// readings with `saturating_sub`.)
 pub fn cpu_ticks_all(node: &Node) -> u64 {
     let live = cpu_ticks(node);
     let Some(postmaster) = node.postmaster_pid() else {

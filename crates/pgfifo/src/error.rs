@@ -120,6 +120,10 @@ pub enum Error {
          application) at the coordinator"
     )]
     CitusWorker,
+    /// What the distributed layout (Citus) does not run yet was asked for
+    /// on it: named here (docs/scaling.md lists what runs there).
+    #[error("{0}: not available on the distributed layout (Citus) yet (docs/scaling.md)")]
+    NotDistributed(String),
     /// No connection could be taken from the pool in time, or the pool
     /// could not open one.
     #[error("could not get a database connection from the pool: {0}")]

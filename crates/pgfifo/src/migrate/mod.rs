@@ -186,11 +186,16 @@ pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Migrated> {
 /// The layout of the database's pgfifo tables: plain, or distributed over
 /// Citus by [`distribute`].
 pub async fn layout(conn: &mut AsyncPgConnection) -> Result<Layout> {
-    Ok(if db::citus::distributed(conn).await? {
-        Layout::Distributed
-    } else {
-        Layout::Plain
+    // (Pinned: through a transaction-mode pooler, its two statements must
+    // reach one server connection.)
+    pinned(conn, async |conn| {
+        Ok(if db::citus::distributed(conn).await? {
+            Layout::Distributed
+        } else {
+            Layout::Plain
+        })
     })
+    .await
 }
 
 /// Fails with [`Error::CitusWorker`] on a Citus worker node, where the
@@ -287,10 +292,15 @@ pub async fn distribute(conn: &mut AsyncPgConnection) -> Result<Distributed> {
 
 /// Reverts the newest `steps` applied migrations. Returns the versions
 /// reverted. The functions stay as installed (see `docs/upgrading.md`).
+/// Refused on a Citus worker node and on the distributed layout.
 pub async fn rollback(conn: &mut AsyncPgConnection, steps: usize) -> Result<Vec<i64>> {
     conn.transaction::<_, Error, _>(async |conn| {
+        refuse_worker(conn).await?;
         db::migrate::lock_and_prepare(conn, MIGRATION_LOCK).await?;
         let layout = layout(conn).await?;
+        if layout == Layout::Distributed {
+            return Err(Error::NotDistributed("reverting migrations".into()));
+        }
         let applied = db::migrate::applied(conn).await?.unwrap_or_default();
         let mut done = Vec::new();
         for row in applied.iter().rev().take(steps) {

@@ -149,29 +149,43 @@ impl std::fmt::Debug for RunnerHandle {
 }
 
 /// On the distributed layout, fails for what it does not run yet
-/// (docs/scaling.md): a served job type in long mode, and retention.
+/// (docs/scaling.md), naming it: a served job type in long mode,
+/// retention, schedules, group and queue limits in the configuration; and
+/// warns that the metrics' gauges are not sampled there.
 fn refuse_on_distributed(
     registry: &Registry,
     queues: &[String],
     config: &RunnerConfig,
+    schedules: bool,
 ) -> Result<()> {
+    let refuse = |what: &str| Err(Error::NotDistributed(what.to_owned()));
     if config.retention.is_some() {
-        return Err(Error::InvalidConfig(
-            "retention cannot run on the distributed layout (Citus) yet".into(),
-        ));
+        return refuse("retention (RunnerConfig::retention)");
+    }
+    if schedules {
+        return refuse("schedules (RunnerConfig::schedule)");
+    }
+    if !config.group_limits.is_empty() {
+        return refuse("group limits (RunnerConfig::group_limits)");
+    }
+    if !config.queue_limits.is_empty() {
+        return refuse("queue limits (RunnerConfig::queue_limits)");
     }
     let long: Vec<&str> = registry
         .iter()
         .filter(|r| r.long && queues.iter().any(|q| q == r.queue))
         .map(|r| r.kind)
         .collect();
-    if long.is_empty() {
-        return Ok(());
+    if !long.is_empty() {
+        return refuse(&format!("job types in long mode ({})", long.join(", ")));
     }
-    Err(Error::InvalidConfig(format!(
-        "job types in long mode cannot run on the distributed layout (Citus) yet: {}",
-        long.join(", ")
-    )))
+    if config.metrics_interval.is_some() {
+        tracing::warn!(
+            "pgfifo: the queue gauges of the metrics are not sampled on the distributed layout \
+             (Citus) yet; counters and histograms are"
+        );
+    }
+    Ok(())
 }
 
 /// Starts a runner on `pool` and returns its handle.
@@ -191,7 +205,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         let distributed =
             crate::migrate::layout(&mut conn).await? == crate::migrate::Layout::Distributed;
         if distributed {
-            refuse_on_distributed(registry, &queues, &config)?;
+            refuse_on_distributed(registry, &queues, &config, !schedules.is_empty())?;
         }
         scheduler::declare(&mut conn, &config.name, &schedules).await?;
         for (queue, limits) in &config.group_limits {

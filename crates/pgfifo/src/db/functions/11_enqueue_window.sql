@@ -249,6 +249,7 @@ AS $$
 DECLARE
     v_n bigint := 0;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('retention of de-duplication windows'); */
     IF to_regclass('pgfifo.job_window') IS NULL THEN
         RETURN 0;
     END IF;

@@ -334,6 +334,7 @@ DECLARE
     v_traced boolean;
     e        record;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('the SQL enqueue API (pgfifo.add_job_outcome)'); */
     SELECT * INTO v
     FROM pgfifo.add_job_checked('', add_job_outcome.kind, add_job_outcome.queue,
                                 add_job_outcome.payload, add_job_outcome.group_id,

@@ -498,6 +498,7 @@ DECLARE
     v_n    bigint := 0;
     v_rows bigint;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('group controls'); */
     DELETE FROM pgfifo.group_slot AS s
     WHERE (s.queue, s.group_id, s.slot) IN (
         SELECT x.queue, x.group_id, x.slot FROM pgfifo.group_slot AS x

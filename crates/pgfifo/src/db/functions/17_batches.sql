@@ -61,7 +61,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 -- (Distributed: the pick's shard, in a variable: Citus routes a statement
 -- by its part only when the part is a constant or a parameter.)
-/*@dist DECLARE v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
+/*@dist DECLARE v_parts integer[] := nullif(current_setting('pgfifo.pick_parts', true), '')::integer[]; */
 BEGIN
     -- (Distributed: no batches yet, so no statement per job for them.)
     /*@dist RETURN NULL; */
@@ -479,6 +479,7 @@ AS $$
 DECLARE
     v_n bigint := 0;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('batches'); */
     IF to_regclass('pgfifo.batch') IS NULL THEN
         RETURN 0;
     END IF;

@@ -54,6 +54,9 @@ DECLARE
     /*@dist v_part integer; */
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    -- (Distributed: shard by shard, in one order, so that two promotes
+    -- deleting the same wake rows wait for each other and never deadlock.)
+    /*@dist PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true); */
     FOR v_wake IN
         WITH taken AS (
             /*@plain*/

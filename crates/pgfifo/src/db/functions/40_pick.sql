@@ -851,7 +851,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgfifo.job_trace_context(p_id bigint) RETURNS text[]
 LANGUAGE plpgsql VOLATILE
 AS $$
-/*@dist DECLARE v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
+/*@dist DECLARE v_parts integer[] := nullif(current_setting('pgfifo.pick_parts', true), '')::integer[]; */
 BEGIN
     IF to_regclass('pgfifo.job_trace') IS NULL THEN
         RETURN NULL;

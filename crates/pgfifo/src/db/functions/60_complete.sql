@@ -73,8 +73,9 @@ DECLARE
     v_batches  text;
     v_job_batches bigint[];
     -- The parts of the shard whose jobs this transaction picked.
-    /*@dist v_parts integer[] := current_setting('pgfifo.pick_parts', true)::integer[]; */
+    /*@dist v_parts integer[] := nullif(current_setting('pgfifo.pick_parts', true), '')::integer[]; */
     /*@dist v_part integer; */
+    /*@dist v_rows integer; */
     -- Retry times, computed here: Citus refuses a time computed in an
     -- update's CASE (timestamptz arithmetic is not immutable).
     /*@dist v_retry_at timestamptz[] := ARRAY(SELECT v_now + d.us * interval '1 microsecond'
@@ -93,6 +94,14 @@ BEGIN
         RAISE EXCEPTION 'pgfifo complete: not in the job''s transaction (did the handler COMMIT?)'
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
     END IF;
+    -- (Distributed: the jobs are on the shard of this transaction's pick;
+    -- without it, or when a job is not there, nothing may be written.)
+    /*@dist
+    IF v_parts IS NULL THEN
+        RAISE EXCEPTION 'pgfifo complete: no pick in this transaction (pgfifo.pick_parts is unset)'
+            USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
+    END IF;
+    */
     ready_now := false;
     IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
         v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = ANY (p_queues));
@@ -181,6 +190,13 @@ BEGIN
              AS t(id, attempt, outcome, error, result, delay_us /*@dist , retry_at */)
         WHERE j.id = t.id /*@dist AND j.part = ANY (v_parts) */;
     END IF;
+    /*@dist
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    IF v_rows <> v_n THEN
+        RAISE EXCEPTION 'pgfifo complete: % of % jobs found on the pick''s shard (%)', v_rows, v_n, p_ids
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    */
     -- Jobs followed in this call by a later job of their group: the group's
     -- head moves (or stays) by its last job alone, and only a success may
     -- be followed.

@@ -17,6 +17,7 @@ CREATE OR REPLACE FUNCTION pgfifo.purge_jobs(p_before timestamptz, p_states text
 RETURNS TABLE (deleted bigint, last_id bigint, done boolean, first_pending bigint)
 LANGUAGE sql
 BEGIN ATOMIC
+    /*@dist SELECT pgfifo.not_distributed('retention'); */
     WITH scanned AS (
         SELECT j.id, j.queue, j.group_id, j.state, j.finished_at, j.created_at
         FROM pgfifo.job AS j
@@ -48,6 +49,7 @@ END;
 CREATE OR REPLACE FUNCTION pgfifo.clean_groups(p_before timestamptz, p_limit integer) RETURNS bigint
 LANGUAGE sql
 BEGIN ATOMIC
+    /*@dist SELECT pgfifo.not_distributed('retention'); */
     WITH victims AS (
         SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
         WHERE g.head_id IS NULL AND g.ready_at IS NULL
@@ -74,6 +76,7 @@ AS $$
 DECLARE
     v_n bigint := 0;
 BEGIN
+    /*@dist PERFORM pgfifo.not_distributed('retention'); */
     IF to_regclass('pgfifo.job_trace') IS NOT NULL THEN
         DELETE FROM pgfifo.job_trace AS t
         WHERE t.job_id > p_after_id AND t.job_id <= p_last_id
