@@ -44,6 +44,10 @@ pub(crate) fn check(
         .filter(|j| j.queue == "faults" && is_long_group(j.grp, &suite.wide))
         .map(|j| j.id)
         .collect();
+    // A run cut off at its job's last allowed attempt has no next run: its
+    // job fails for good (the checks of failed jobs cover it).
+    let last_attempt: std::collections::HashMap<i64, u32> =
+        suite.jobs.iter().map(|j| (j.id, j.max_attempts)).collect();
     let mut found = LongFound {
         jobs: long_ids.len(),
         killed: 0,
@@ -58,6 +62,12 @@ pub(crate) fn check(
         found.killed += 1;
         if committed.contains(&(i.run.job, i.run.attempt as i32)) {
             found.killed_after_commit += 1;
+            continue;
+        }
+        if last_attempt
+            .get(&i.run.job)
+            .is_some_and(|max| i.run.attempt as u64 >= u64::from(*max))
+        {
             continue;
         }
         let next = lines
