@@ -243,17 +243,16 @@ BEGIN
         FROM (SELECT DISTINCT t.q, t.g FROM unnest(p_queue, p_group, v_created) AS t(q, g, created)
               WHERE t.g IS NOT NULL AND t.created) AS d;
     END IF;
-    IF true /*@dist AND false */ THEN
-        WITH woken AS (
-            INSERT INTO pgfifo.group_wake (queue, group_id)
-            SELECT d.q, d.g
-            FROM unnest(v_gq, v_gg) AS d(q, g)
-            WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
-                              WHERE qg.queue = d.q AND qg.group_id = d.g
-                                AND qg.ready_at IS NOT NULL)
-            RETURNING queue)
-        SELECT array_agg(DISTINCT queue) INTO v_notify FROM woken;
-    END IF;
+    /*@plain*/
+    WITH woken AS (
+        INSERT INTO pgfifo.group_wake (queue, group_id)
+        SELECT d.q, d.g
+        FROM unnest(v_gq, v_gg) AS d(q, g)
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS qg
+                          WHERE qg.queue = d.q AND qg.group_id = d.g AND qg.ready_at IS NOT NULL)
+        RETURNING queue)
+    SELECT array_agg(DISTINCT queue) INTO v_notify FROM woken;
+    /*@end*/
     -- In the distributed layout the active groups are read first, apart
     -- (a subquery correlated with the wake rows cannot be routed).
     /*@dist

@@ -865,14 +865,15 @@ $$;
 -- installed there as pgfifo.pick_in with the parts of one shard as its
 -- first argument (every statement it runs on the groups' and jobs' tables
 -- then names parts of that shard, so Citus routes each to it). It first
--- tries the shard where this session's turn points; when that gives
--- nothing, one read of every shard (in parallel, on their ready indexes)
--- says which shards have a ready group or ungrouped job, and it tries
--- those in turn order until one gives something. So a busy runner's pick
--- touches one shard, and an idle one's costs one read of each. The shard
--- it took jobs from stays in the transaction's setting pgfifo.pick_parts,
--- for the completion of its jobs. Every row says `more`: other shards may
--- have work that this pick did not look at.
+-- tries the shard where this session's turn points and the two after it;
+-- when they give nothing, one read of every shard (in parallel, on their
+-- ready indexes) says which others have a ready group or ungrouped job,
+-- and it tries those in turn order until one gives something. So a busy
+-- runner's pick touches a shard or three, and an idle one's also costs
+-- one read of each. The shard it took jobs from stays in the
+-- transaction's setting pgfifo.pick_parts, for the completion of its
+-- jobs. Every job row says `more`: other shards may have work that this
+-- pick did not look at.
 /*@dist
 CREATE OR REPLACE FUNCTION pgfifo.pick(
     p_queues          text[],
@@ -895,41 +896,35 @@ DECLARE
     v_ready  integer[];
     v_now    timestamptz := statement_timestamp();
 BEGIN
-    FOR v_parts IN
-        SELECT s.parts FROM pgfifo.layout_shard AS s
-        ORDER BY (s.shard - v_start + v_shards) % v_shards LIMIT 3
-    LOOP
-        RETURN QUERY
-        SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
-               p.id IS NOT NULL
-        FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
-                            p_default_idle_ms, p_limit, p_held) AS p;
-        IF FOUND THEN
-            PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
-            RETURN;
+    -- Pass 0: the turn's shard and the two after it. Pass 1: of the rest,
+    -- those a read of every shard says have ready work.
+    FOR v_pass IN 0 .. 1 LOOP
+        IF v_pass = 1 THEN
+            v_ready := ARRAY(SELECT g.part FROM pgfifo.queue_group AS g
+                             WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
+                               AND g.ready_at <= v_now
+                             UNION
+                             SELECT j.part FROM pgfifo.job AS j
+                             WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
+                               AND j.state = 'queued' AND j.run_after <= v_now);
         END IF;
-    END LOOP;
-    v_ready := ARRAY(SELECT g.part FROM pgfifo.queue_group AS g
-                     WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
-                       AND g.ready_at <= v_now
-                     UNION
-                     SELECT j.part FROM pgfifo.job AS j
-                     WHERE j.queue = ANY (p_queues) AND j.group_id IS NULL
-                       AND j.state = 'queued' AND j.run_after <= v_now);
-    FOR v_parts IN
-        SELECT s.parts FROM pgfifo.layout_shard AS s
-        WHERE (s.shard - v_start + v_shards) % v_shards >= 3 AND s.parts && v_ready
-        ORDER BY (s.shard - v_start + v_shards) % v_shards
-    LOOP
-        RETURN QUERY
-        SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
-               p.id IS NOT NULL
-        FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
-                            p_default_idle_ms, p_limit, p_held) AS p;
-        IF FOUND THEN
-            PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
-            RETURN;
-        END IF;
+        FOR v_parts IN
+            SELECT s.parts FROM pgfifo.layout_shard AS s
+            WHERE CASE WHEN v_pass = 0 THEN (s.shard - v_start + v_shards) % v_shards < 3
+                       ELSE (s.shard - v_start + v_shards) % v_shards >= 3
+                            AND s.parts && v_ready END
+            ORDER BY (s.shard - v_start + v_shards) % v_shards
+        LOOP
+            RETURN QUERY
+            SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
+                   p.id IS NOT NULL
+            FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
+                                p_default_idle_ms, p_limit, p_held) AS p;
+            IF FOUND THEN
+                PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
+                RETURN;
+            END IF;
+        END LOOP;
     END LOOP;
 END
 $$;
