@@ -10,6 +10,7 @@ DROP FUNCTION IF EXISTS pgfifo.run_after(bigint, bigint);
 DROP FUNCTION IF EXISTS pgfifo.group_lock_key(text, text);
 DROP FUNCTION IF EXISTS pgfifo.group_hash(text, text);
 DROP FUNCTION IF EXISTS pgfifo.job_trace_context(bigint);
+DROP FUNCTION IF EXISTS pgfifo.group_row(text, text);
 DROP FUNCTION IF EXISTS pgfifo.not_distributed(text);
 DROP FUNCTION IF EXISTS pgfifo.part_of(text, text);
 DROP FUNCTION IF EXISTS pgfifo.job_part(text, text, bigint, text);

@@ -18,6 +18,8 @@
 //!   single enqueue's statements each touch its group's shard.
 //! * `distributed_admin`: cancel, skip-head, retry and a paused queue on
 //!   the distributed layout, with a runner.
+//! * `distributed_reads`: what an operator reads on the distributed
+//!   layout: the admin API's status and listings, and every dashboard page.
 //! * `distributed_drain`: a runner's drain on both layouts, with jobs/s,
 //!   CPU per node and statements per job printed for docs/scaling.md.
 //! * `drain`: the layout's job cycle in miniature, drained for real through
@@ -36,10 +38,15 @@
 
 mod controls;
 mod coordinator;
+// The dashboard tests' client (the reads test uses its GETs only).
+#[allow(dead_code)]
+#[path = "../it/dashboard_support.rs"]
+mod dashboard_support;
 mod distributed;
 mod distributed_admin;
 mod distributed_drain;
 mod distributed_enqueue;
+mod distributed_reads;
 mod drain;
 mod faults;
 mod jobs;

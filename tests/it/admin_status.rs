@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use pgfifo::admin::{
-    self, BlockedGroups, Count, GroupBacklog, JobQuery, JobStateFilter, JobStatus,
+    self, BlockedGroups, Count, GroupBacklog, GroupQuery, JobQuery, JobStateFilter, JobStatus,
 };
 use pgfifo::{EnqueueOptions, Error, JobId};
 
@@ -410,4 +410,50 @@ async fn gauges_leave_out_finished_heads() {
     .await;
     let after = age(admin::gauges(&mut conn, &[queue.to_owned()]).await.unwrap());
     assert_eq!(after, None, "a finished head counted as waiting");
+}
+
+/// `pgfifo.group_row`, which the distributed layout's listings read each
+/// group with, says what the plain listing says of every group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_row_agrees_with_the_plain_listing() {
+    let fx = Fx::new().await;
+    status_fixture(&fx).await;
+    let mut conn = fx.conn().await;
+    let groups = admin::groups(&mut conn, QUEUE, &GroupQuery::default())
+        .await
+        .unwrap();
+    assert!(groups.len() >= 5, "{groups:?}");
+    for g in &groups {
+        let listed = format!(
+            "{:?}|{}|{:?}|{:?}|{:?}|{}|{}|{}|{}",
+            g.head,
+            g.backlog,
+            g.head_attempts,
+            g.head_max_attempts,
+            g.head_error,
+            g.paused_at.is_some(),
+            g.snoozed_until.is_some(),
+            g.concurrency,
+            g.weight
+        );
+        let read = fx
+            .text(&format!(
+                "SELECT format('%s|%s|%s|%s|%s|%s|%s|%s|%s',
+                               CASE WHEN head_id IS NULL THEN 'None' ELSE 'Some(' || head_id || ')' END,
+                               backlog,
+                               CASE WHEN head_attempts IS NULL THEN 'None'
+                                    ELSE 'Some(' || head_attempts || ')' END,
+                               CASE WHEN head_max_attempts IS NULL THEN 'None'
+                                    ELSE 'Some(' || head_max_attempts || ')' END,
+                               CASE WHEN head_error IS NULL THEN 'None'
+                                    ELSE 'Some(' || to_json(head_error)::text || ')' END,
+                               (paused_at_us IS NOT NULL)::text, (snoozed_until_us IS NOT NULL)::text,
+                               concurrency, weight)
+                 FROM pgfifo.group_row('{QUEUE}', '{}')",
+                g.group
+            ))
+            .await
+            .unwrap();
+        assert_eq!(read, listed, "group {}", g.group);
+    }
 }

@@ -117,7 +117,7 @@ pub async fn fresh_database(
 }
 
 /// A scenario's database `name`, with `BENCH_DB_SUFFIX` appended.
-fn database_name(name: &str) -> Result<String, String> {
+pub fn database_name(name: &str) -> Result<String, String> {
     let suffix = std::env::var("BENCH_DB_SUFFIX").unwrap_or_default();
     if !suffix
         .chars()

@@ -26,6 +26,15 @@
 //! `BATCH=1` enqueues the jobs as one batch with a complete callback (see
 //! `batch_mode`); the report adds `callback_ms`, how long after the last
 //! job's outcome the callback started.
+//!
+//! Every run reports the PostgreSQL CPU per job of enqueue and of the drain
+//! (`pg_cpu_ms_per_job_enqueue`, `pg_cpu_ms_per_job_drain`: the whole
+//! server's processes, so run it on a server that serves only the
+//! scenario). `CITUS=1` runs on a Citus cluster whose coordinator is
+//! `DATABASE_URL` (see `citus`): the CPU is reported for each node, and the
+//! report adds `worker_split_percent` (each worker's share of the jobs) and
+//! `drain_statements_per_job` (the statements Citus routed to one shard and
+//! ran on several, from `citus_stat_counters`).
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +45,7 @@ use serde_json::json;
 
 use crate::common::{self, BenchJob, Inputs};
 use crate::progress;
+use crate::{citus, pg_cpu};
 
 /// Jobs per `enqueue_batch` call.
 const BATCH: u64 = 5_000;
@@ -56,15 +66,42 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     let queue_concurrency = inputs.number("QUEUE_CONCURRENCY", 0)?;
     let in_batch = inputs.number("BATCH", 0)? == 1;
     let server = inputs.database_url();
+    let pooler_url = inputs.string("POOLER_URL", "");
+    let in_citus = inputs.number("CITUS", 0)? == 1;
+    if in_citus
+        && (group_concurrency > 1 || queue_concurrency > 0 || in_batch || !pooler_url.is_empty())
+    {
+        return Err(
+            "CITUS=1 runs plain FIFO groups only: group and queue limits, batches and \
+                    poolers are not on the distributed layout yet (docs/scaling.md)"
+                .into(),
+        );
+    }
     common::set_work_ms(work_ms);
 
     let pool_size = workers as u32 * 2 + 4;
-    let (pool, url) = common::fresh_database(&server, "pgfifo_bench", pool_size).await?;
-    let pooler_url = inputs.string("POOLER_URL", "");
+    let (pool, url, nodes) = if in_citus {
+        let nodes = citus::nodes(&server).await?;
+        let name = common::database_name("pgfifo_bench")?;
+        let (pool, url) = citus::fresh_database(&server, &nodes, &name, pool_size).await?;
+        progress!("distributed over {} workers", nodes.len() - 1);
+        (pool, url, nodes)
+    } else {
+        let (pool, url) = common::fresh_database(&server, "pgfifo_bench", pool_size).await?;
+        (pool, url, Vec::new())
+    };
+    let name = common::database_name("pgfifo_bench")?;
+    let servers = node_servers(&citus::database_urls(&server, &nodes, &name)).await;
+    let cpu_start = node_ticks(&servers);
     progress!("enqueueing {jobs} jobs over {groups} groups");
     let wal_start = wal_lsn(&pool).await?;
     let (enqueue_secs, batch) = enqueue_round_robin(&pool, jobs, groups, in_batch).await?;
     let wal_enqueued = wal_lsn(&pool).await?;
+    let cpu_enqueued = node_ticks(&servers);
+    if in_citus {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        citus::reset_statements(&mut conn).await?;
+    }
     let enqueue_rate = jobs as f64 / enqueue_secs;
     progress!("enqueued in {enqueue_secs:.3}s ({enqueue_rate:.0} jobs/s); draining with {workers} workers");
 
@@ -119,6 +156,18 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     }
     wait_all_committed(&pool, jobs).await?;
     let wal_drained = wal_lsn(&pool).await?;
+    let cpu_drained = node_ticks(&servers);
+    let cluster = if in_citus {
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+        let (single, multi) = citus::statements(&mut conn).await?;
+        let per_job = |n: i64| (n as f64 / jobs as f64 * 100.0).round() / 100.0;
+        Some(json!({
+            "worker_split_percent": citus::split(&mut conn, "bench").await?,
+            "drain_statements_per_job": {"single_shard": per_job(single), "multi_shard": per_job(multi)},
+        }))
+    } else {
+        None
+    };
     let callback_ms = match batch {
         Some(id) => {
             let mut conn = pool.get().await.map_err(|e| e.to_string())?;
@@ -159,7 +208,20 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
     );
     let ceiling = ceiling_tps(&url, workers, Duration::from_secs(ceiling_secs)).await?;
     progress!("ceiling {ceiling:.0} tx/s");
-    Ok(json!({
+    let cpu_ms_per_job = |from: &[Option<u64>], to: &[Option<u64>]| {
+        servers
+            .iter()
+            .zip(from.iter().zip(to))
+            .filter_map(|((name, _), pair)| match pair {
+                (Some(a), Some(b)) => {
+                    let ms = pg_cpu::Server::seconds(*a, *b) * 1e3 / jobs as f64;
+                    Some((name.clone(), json!((ms * 1000.0).round() / 1000.0)))
+                }
+                _ => None,
+            })
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let mut report = json!({
         "scenario": "fifo-groups",
         "jobs": jobs,
         "groups": groups,
@@ -187,7 +249,36 @@ pub async fn run(inputs: &Inputs) -> Result<serde_json::Value, String> {
         "queue_ideal_jobs_per_s": (queue_concurrency > 0).then(|| queue_ideal.round()),
         "queue_ratio": (queue_concurrency > 0)
             .then(|| (drain_rate / queue_ideal * 1000.0).round() / 1000.0),
-    }))
+        "citus": in_citus,
+        "pg_cpu_ms_per_job_enqueue": cpu_ms_per_job(&cpu_start, &cpu_enqueued),
+        "pg_cpu_ms_per_job_drain": cpu_ms_per_job(&cpu_enqueued, &cpu_drained),
+    });
+    if let (Some(cluster), Some(map)) = (cluster, report.as_object_mut()) {
+        map.extend(cluster.as_object().cloned().unwrap_or_default());
+    }
+    Ok(report)
+}
+
+/// The servers behind each node's database, by the node's name (`None`
+/// for a server whose processes cannot be read from here).
+async fn node_servers(urls: &[(String, String)]) -> Vec<(String, Option<pg_cpu::Server>)> {
+    let mut servers = Vec::new();
+    for (name, url) in urls {
+        let server = match AsyncPgConnection::establish(url).await {
+            Ok(mut conn) => pg_cpu::Server::of(&mut conn).await,
+            Err(_) => None,
+        };
+        servers.push((name.clone(), server));
+    }
+    servers
+}
+
+/// Every node's CPU ticks now (see [`pg_cpu::Server::ticks`]).
+fn node_ticks(servers: &[(String, Option<pg_cpu::Server>)]) -> Vec<Option<u64>> {
+    servers
+        .iter()
+        .map(|(_, s)| s.as_ref().map(pg_cpu::Server::ticks))
+        .collect()
 }
 
 /// The most handlers running at one instant (an end and a start at the

@@ -15,6 +15,7 @@
 
 mod backlog;
 mod batch_mode;
+mod citus;
 mod common;
 mod dashboard;
 mod fifo_groups;

@@ -75,6 +75,69 @@ impl Sample {
     }
 }
 
+/// A whole server on this machine: its postmaster and every process it
+/// started, for a node of a Citus cluster, whose connections to other
+/// nodes come and go within a run (a per-backend [`Sample`] would lose
+/// them). Counts the server's background processes too, so it is meant
+/// for a private server that serves only the scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct Server {
+    postmaster: i32,
+}
+
+impl Server {
+    /// The server `conn` is connected to (its backend's parent). `None`
+    /// when its processes cannot be read (another machine).
+    pub async fn of(conn: &mut AsyncPgConnection) -> Option<Self> {
+        let me: Pid = diesel::sql_query("SELECT pg_backend_pid()::bigint AS n")
+            .get_result(conn)
+            .await
+            .ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", me.n)).ok()?;
+        let postmaster = stat_fields(&stat)?.get(1)?.parse().ok()?;
+        Some(Self { postmaster })
+    }
+
+    /// The ticks used so far by the postmaster, its live children, and
+    /// the children it has reaped (its `cutime` and `cstime`). A child that
+    /// exited but is not reaped yet counts in neither: compare readings
+    /// with `saturating_sub`.
+    pub fn ticks(&self) -> u64 {
+        let mut ticks = 0;
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.postmaster)) {
+            if let Some(fields) = stat_fields(&stat) {
+                // utime, stime, cutime, cstime: fields 14 to 17.
+                ticks += (11..=14)
+                    .filter_map(|i| fields.get(i)?.parse::<u64>().ok())
+                    .sum::<u64>();
+            }
+        }
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return ticks;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let Some(fields) = stat_fields(&stat) else {
+                continue;
+            };
+            if fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(self.postmaster) {
+                ticks += ticks_of_stat(&stat).unwrap_or(0);
+            }
+        }
+        ticks
+    }
+
+    /// Seconds of CPU between two [`Server::ticks`] readings.
+    pub fn seconds(before: u64, after: u64) -> f64 {
+        after.saturating_sub(before) as f64 / TICKS_PER_S
+    }
+}
+
 /// User plus system ticks of process `pid`; `None` if it cannot be read.
 fn process_ticks(pid: i32) -> Option<u64> {
     ticks_of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
@@ -82,14 +145,19 @@ fn process_ticks(pid: i32) -> Option<u64> {
 
 /// User plus system ticks from the text of a `/proc/<pid>/stat`.
 fn ticks_of_stat(stat: &str) -> Option<u64> {
-    // The command name (field 2) is in parentheses and may hold spaces and
-    // parentheses: the fields counted from 3 start after the last `)`.
-    let rest = stat.get(stat.rfind(')')? + 1..)?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = stat_fields(stat)?;
     // utime and stime are fields 14 and 15, so 11 and 12 from field 3.
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// The fields of a `/proc/<pid>/stat` from the third on (state, ppid, …).
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    // The command name (field 2) is in parentheses and may hold spaces and
+    // parentheses: the fields counted from 3 start after the last `)`.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    Some(rest.split_whitespace().collect())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::controls::{rate_of, ser_opt_rate};
 use super::dependencies::{dependency_waits, DependencyWait, WAIT_AT_US};
 use super::queue_usage::{self, QueueWait};
 use crate::db;
-use crate::db::admin::inspect::{GroupFilter, GroupRow};
+use crate::db::admin::group_list::{GroupFilter, GroupRow};
 use crate::db::pooler::pinned;
 use crate::names::{validate_group, validate_queue};
 use crate::time::{age_from_micros, from_micros, ser_opt_secs, ser_opt_time};
@@ -199,14 +199,16 @@ pub async fn groups(
             blocked_only: query.blocked_only,
             limit,
         };
+        let layout = db::citus::layout(conn).await?;
         let rows = match query.order {
-            GroupOrder::Name => db::admin::inspect::groups(conn, queue, filter).await?,
+            GroupOrder::Name => db::admin::group_list::groups(conn, layout, queue, filter).await?,
             GroupOrder::OldestHead => {
-                db::admin::inspect::groups_by_lag(conn, queue, query.after_head, filter).await?
+                db::admin::group_list::groups_by_lag(conn, layout, queue, query.after_head, filter)
+                    .await?
             }
             GroupOrder::Backlog => {
-                db::admin::inspect::groups_by_backlog(conn, queue, query.after_backlog, filter)
-                    .await?
+                let after = query.after_backlog;
+                db::admin::group_list::groups_by_backlog(conn, layout, queue, after, filter).await?
             }
         };
         let wait = queue_wait(conn, queue).await?;
@@ -231,7 +233,8 @@ pub async fn group(
             blocked_only: false,
             limit: 1,
         };
-        let rows = db::admin::inspect::groups(conn, queue, filter).await?;
+        let layout = db::citus::layout(conn).await?;
+        let rows = db::admin::group_list::groups(conn, layout, queue, filter).await?;
         let wait = queue_wait(conn, queue).await?;
         let found: Vec<GroupInfo> = rows
             .into_iter()

@@ -239,7 +239,8 @@ pub async fn jobs(conn: &mut AsyncPgConnection, query: &JobQuery) -> Result<Vec<
             after: query.after,
             limit,
         };
-        let rows = db::admin::inspect::jobs(conn, filter, query.oldest_first).await?;
+        let layout = db::citus::layout(conn).await?;
+        let rows = db::admin::inspect::jobs(conn, layout, filter, query.oldest_first).await?;
         Ok(rows.into_iter().map(JobSummary::from).collect())
     })
     .await
@@ -261,8 +262,10 @@ pub async fn group_history(
     pinned(conn, async |conn| {
         validate_queue(queue)?;
         validate_group(group)?;
+        let layout = db::citus::layout(conn).await?;
         let rows =
-            db::admin::inspect::group_history(conn, queue, group, HISTORY_WINDOW, limit).await?;
+            db::admin::inspect::group_history(conn, layout, queue, group, HISTORY_WINDOW, limit)
+                .await?;
         Ok(rows.into_iter().map(JobSummary::from).collect())
     })
     .await
@@ -272,7 +275,8 @@ pub async fn group_history(
 /// this id.
 pub async fn job(conn: &mut AsyncPgConnection, id: JobId) -> Result<Option<JobDetail>> {
     pinned(conn, async |conn| {
-        let Some(row) = db::admin::inspect::job(conn, id).await? else {
+        let layout = db::citus::layout(conn).await?;
+        let Some(row) = db::admin::inspect::job(conn, layout, id).await? else {
             return Ok(None);
         };
         let attempt_log = db::admin::inspect::attempts(conn, id)

@@ -129,7 +129,8 @@ pub struct QueueStatus {
 /// live runner.
 pub async fn queues(conn: &mut AsyncPgConnection) -> Result<Vec<String>> {
     pinned(conn, async |conn| {
-        Ok(db::admin::status::queues(conn, RUNNER_ALIVE).await?)
+        let layout = db::citus::layout(conn).await?;
+        Ok(db::admin::status::queues(conn, layout, RUNNER_ALIVE).await?)
     })
     .await
 }
@@ -166,9 +167,16 @@ pub async fn queue_status(
 ) -> Result<QueueStatus> {
     pinned(conn, async |conn| {
         validate_queue(queue)?;
-        let (small, unfinished) =
-            db::admin::status::queue_figures(conn, queue, COUNT_CAP, top as i64, RUNNER_ALIVE)
-                .await?;
+        let layout = db::citus::layout(conn).await?;
+        let (small, unfinished) = db::admin::status::queue_figures(
+            conn,
+            layout,
+            queue,
+            COUNT_CAP,
+            top as i64,
+            RUNNER_ALIVE,
+        )
+        .await?;
         let total = capped(
             if unfinished.capped {
                 COUNT_CAP
@@ -247,9 +255,10 @@ pub struct QueueGauges {
 /// Samples the gauges of `queues`: one cheap statement per queue.
 pub async fn gauges(conn: &mut AsyncPgConnection, queues: &[String]) -> Result<Vec<QueueGauges>> {
     pinned(conn, async |conn| {
+        let layout = db::citus::layout(conn).await?;
         let mut out = Vec::with_capacity(queues.len());
         for queue in queues {
-            let row = db::admin::status::gauges(conn, queue, COUNT_CAP).await?;
+            let row = db::admin::status::gauges(conn, layout, queue, COUNT_CAP).await?;
             out.push(QueueGauges {
                 queue: queue.clone(),
                 depth: row.depth,

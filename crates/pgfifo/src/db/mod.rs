@@ -17,6 +17,7 @@ pub(crate) mod enqueue;
 pub(crate) mod enqueue_window;
 pub(crate) mod error;
 pub(crate) mod hosts;
+pub(crate) mod layout;
 pub(crate) mod long_run;
 pub(crate) mod maintenance;
 pub(crate) mod migrate;

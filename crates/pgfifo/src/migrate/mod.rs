@@ -26,7 +26,6 @@
 //! ([`check_current`]) and refuses otherwise, naming both versions and the
 //! command to run.
 
-mod layout;
 mod sources;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
@@ -36,7 +35,8 @@ use crate::db::pooler::pinned;
 use crate::db::{self, Pool};
 use crate::{Error, Result};
 
-pub use layout::Layout;
+use crate::db::layout;
+pub use crate::db::layout::Layout;
 pub use sources::{FunctionSource, Migration, FUNCTIONS, MIGRATIONS};
 
 /// This library's release.
@@ -188,14 +188,7 @@ pub async fn migrate_conn(conn: &mut AsyncPgConnection) -> Result<Migrated> {
 pub async fn layout(conn: &mut AsyncPgConnection) -> Result<Layout> {
     // (Pinned: through a transaction-mode pooler, its two statements must
     // reach one server connection.)
-    pinned(conn, async |conn| {
-        Ok(if db::citus::distributed(conn).await? {
-            Layout::Distributed
-        } else {
-            Layout::Plain
-        })
-    })
-    .await
+    pinned(conn, async |conn| Ok(db::citus::layout(conn).await?)).await
 }
 
 /// Fails with [`Error::CitusWorker`] on a Citus worker node, where the

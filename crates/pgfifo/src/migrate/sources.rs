@@ -151,5 +151,24 @@ pub const FUNCTIONS: &[FunctionSource] = function_sources![
     "74_pause.sql",
     "75_failure_policy.sql",
     "80_retention.sql",
+    "85_group_row.sql",
     "90_estimate.sql",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::layout::passages;
+
+    #[test]
+    fn passages_are_well_formed_in_every_source() {
+        for f in FUNCTIONS {
+            passages(f.sql).unwrap_or_else(|e| panic!("{}: {e}", f.file));
+        }
+        for m in MIGRATIONS {
+            passages(m.up).unwrap_or_else(|e| panic!("migration {}: {e}", m.version));
+        }
+        assert!(passages("/*@dist a").is_err());
+        assert!(passages("/*@dist a /* b */ c */").is_err());
+    }
+}

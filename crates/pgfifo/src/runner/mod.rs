@@ -150,8 +150,7 @@ impl std::fmt::Debug for RunnerHandle {
 
 /// On the distributed layout, fails for what it does not run yet
 /// (docs/scaling.md), naming it: a served job type in long mode,
-/// retention, schedules, group and queue limits in the configuration; and
-/// warns that the metrics' gauges are not sampled there.
+/// retention, schedules, group and queue limits in the configuration.
 fn refuse_on_distributed(
     registry: &Registry,
     queues: &[String],
@@ -178,12 +177,6 @@ fn refuse_on_distributed(
         .collect();
     if !long.is_empty() {
         return refuse(&format!("job types in long mode ({})", long.join(", ")));
-    }
-    if config.metrics_interval.is_some() {
-        tracing::warn!(
-            "pgfifo: the queue gauges of the metrics are not sampled on the distributed layout \
-             (Citus) yet; counters and histograms are"
-        );
     }
     Ok(())
 }
@@ -292,7 +285,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         look,
     };
     // (Not on the distributed layout, which has no queue limits yet; nor
-    // the gauges and the sweep below, whose statements are not ported.)
+    // the sweep below, whose statements are not ported.)
     if !distributed {
         tracker.spawn(tokens.run(stop.clone()));
     }
@@ -316,7 +309,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         );
         tracker.spawn(scheduler.run(stop.clone()));
     }
-    if let Some(interval) = config.metrics_interval.filter(|_| !distributed) {
+    if let Some(interval) = config.metrics_interval {
         let gauges = Gauges {
             pool: pool.clone(),
             queues: queues.clone(),

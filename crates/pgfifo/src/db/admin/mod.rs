@@ -3,6 +3,7 @@
 
 pub(crate) mod controls;
 pub(crate) mod dependency;
+pub(crate) mod group_list;
 pub(crate) mod inspect;
 pub(crate) mod ops;
 pub(crate) mod queue_limits;

@@ -8,6 +8,8 @@ use diesel::sql_types::{BigInt, Bool, Double, Jsonb, Nullable, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
+use crate::db::layout::{expand, Layout};
+
 /// Index-driven plans even before the first ANALYZE: a bitmap scan and a
 /// sort of a fresh table's backlog took twice as long as walking the index.
 /// (SET LOCAL: gone with the status transaction.)
@@ -26,11 +28,14 @@ struct QueueRow {
 /// ungrouped or failed jobs, a setting, or a runner alive within `alive`.
 pub(crate) async fn queues(
     conn: &mut AsyncPgConnection,
+    layout: Layout,
     alive: Duration,
 ) -> diesel::QueryResult<Vec<String>> {
     // Loose index scans: one index probe per distinct queue, not per row.
-    let rows: Vec<QueueRow> = diesel::sql_query(
-        "WITH RECURSIVE
+    // (The distributed layout reads each shard's queues instead: Citus runs
+    // a recursive CTE only within one shard.)
+    let text = "/*@plain*/
+         WITH RECURSIVE
              g(q) AS (SELECT min(queue) FROM pgfifo.queue_group
                       UNION ALL
                       SELECT (SELECT min(queue) FROM pgfifo.queue_group WHERE queue > g.q)
@@ -47,15 +52,19 @@ pub(crate) async fn queues(
          SELECT q AS queue FROM g WHERE q IS NOT NULL
          UNION SELECT q FROM u WHERE q IS NOT NULL
          UNION SELECT q FROM f WHERE q IS NOT NULL
+         /*@end*/
+         /*@dist SELECT DISTINCT queue FROM pgfifo.queue_group
+         UNION SELECT DISTINCT queue FROM pgfifo.job
+               WHERE state = 'queued' AND group_id IS NULL OR state = 'failed' */
          UNION SELECT DISTINCT queue FROM pgfifo.group_wake
          UNION SELECT queue FROM pgfifo.queue_setting
          UNION SELECT unnest(queues) FROM pgfifo.runner
                WHERE heartbeat_at > now() - make_interval(secs => $1)
-         ORDER BY 1",
-    )
-    .bind::<Double, _>(alive.as_secs_f64())
-    .load(conn)
-    .await?;
+         ORDER BY 1";
+    let rows: Vec<QueueRow> = diesel::sql_query(expand(text, layout))
+        .bind::<Double, _>(alive.as_secs_f64())
+        .load(conn)
+        .await?;
     Ok(rows.into_iter().map(|r| r.queue).collect())
 }
 
@@ -83,14 +92,15 @@ macro_rules! blocked_groups_sql {
           WHERE g.queue = $1 AND g.ready_at IS NULL AND g.head_id IS NOT NULL) AS held_groups,
          (SELECT count(*) FROM pgfifo.group_pause AS p WHERE p.queue = $1) AS paused_groups,
          (SELECT count(*) FROM pgfifo.queue_group AS g
-          JOIN pgfifo.job AS j ON j.id = g.head_id
+          JOIN pgfifo.job AS j ON j.id = g.head_id /*@dist AND j.part = g.part */
           WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND g.ready_at > now()
             AND j.state = 'queued' AND j.attempts > 0
             AND NOT EXISTS (SELECT 1 FROM pgfifo.group_snooze AS z
-                            WHERE z.queue = g.queue AND z.group_id = g.group_id
+                            WHERE z.queue = g.queue AND z.group_id = g.group_id /*@dist AND z.part = g.part */
                               AND z.until > now() AND z.job_id = g.head_id)) AS retrying_groups,
          (SELECT count(*) FROM pgfifo.group_snooze AS z
-          JOIN pgfifo.queue_group AS g ON g.queue = z.queue AND g.group_id = z.group_id
+          JOIN pgfifo.queue_group AS g
+            ON g.queue = z.queue AND g.group_id = z.group_id /*@dist AND g.part = z.part */
           WHERE z.queue = $1 AND z.until > now() AND z.job_id = g.head_id
             AND g.ready_at > now()) AS snoozed_groups"
     };
@@ -141,6 +151,7 @@ pub(crate) struct SmallCounts {
 /// `cap`, with the `top` largest group backlogs), in one transaction.
 pub(crate) async fn queue_figures(
     conn: &mut AsyncPgConnection,
+    layout: Layout,
     queue: &str,
     cap: i64,
     top: i64,
@@ -148,8 +159,8 @@ pub(crate) async fn queue_figures(
 ) -> diesel::QueryResult<(SmallCounts, UnfinishedRow)> {
     conn.transaction(async |conn| {
         conn.batch_execute(COUNTING_SETTINGS).await?;
-        let small = small_counts(conn, queue, cap, alive).await?;
-        let unfinished = unfinished(conn, queue, cap, top).await?;
+        let small = small_counts(conn, layout, queue, cap, alive).await?;
+        let unfinished = unfinished(conn, layout, queue, cap, top).await?;
         Ok((small, unfinished))
     })
     .await
@@ -157,11 +168,12 @@ pub(crate) async fn queue_figures(
 
 async fn small_counts(
     conn: &mut AsyncPgConnection,
+    layout: Layout,
     queue: &str,
     cap: i64,
     alive: Duration,
 ) -> diesel::QueryResult<SmallCounts> {
-    diesel::sql_query(concat!(
+    let text = concat!(
         "SELECT
              coalesce((SELECT s.paused FROM pgfifo.queue_setting AS s WHERE s.queue = $1), false) AS paused,
              coalesce((SELECT s.failure_policy FROM pgfifo.queue_setting AS s WHERE s.queue = $1),
@@ -180,49 +192,56 @@ async fn small_counts(
              pgfifo.estimate_jobs($1, 'queued') AS queued_est,
              pgfifo.estimate_jobs($1, 'failed') AS failed_est,",
         blocked_groups_sql!()
-    ))
-    .bind::<Text, _>(queue)
-    .bind::<BigInt, _>(cap)
-    .bind::<Double, _>(alive.as_secs_f64())
-    .get_result(conn)
-    .await
+    );
+    diesel::sql_query(expand(text, layout))
+        .bind::<Text, _>(queue)
+        .bind::<BigInt, _>(cap)
+        .bind::<Double, _>(alive.as_secs_f64())
+        .get_result(conn)
+        .await
 }
 
 async fn unfinished(
     conn: &mut AsyncPgConnection,
+    layout: Layout,
     queue: &str,
     cap: i64,
     top: i64,
 ) -> diesel::QueryResult<UnfinishedRow> {
-    diesel::sql_query(
-        "WITH per AS (
-             SELECT s.group_id, count(*) AS n, min(s.id) AS oldest
-             FROM (SELECT j.group_id, j.id FROM pgfifo.job AS j
+    // The oldest job's age: the plain layout reads the creation time of the
+    // lowest id; Citus refuses that correlated lookup beside the CTEs, so
+    // the distributed layout takes the least creation time of the rows read.
+    let text = "WITH per AS (
+             SELECT s.group_id, count(*) AS n, min(s.id) AS oldest /*@dist , min(s.created_at) AS oldest_at */
+             FROM (SELECT j.group_id, j.id /*@dist , j.created_at */ FROM pgfifo.job AS j
                    WHERE j.queue = $1 AND j.state = 'queued' AND j.group_id IS NOT NULL
                    LIMIT $2) AS s
              GROUP BY s.group_id),
          solo AS (
-             SELECT count(*) AS n, min(s.id) AS oldest
-             FROM (SELECT j.id FROM pgfifo.job AS j
+             SELECT count(*) AS n, min(s.id) AS oldest /*@dist , min(s.created_at) AS oldest_at */
+             FROM (SELECT j.id /*@dist , j.created_at */ FROM pgfifo.job AS j
                    WHERE j.queue = $1 AND j.state = 'queued' AND j.group_id IS NULL
                    LIMIT $2) AS s),
          sums AS (
              SELECT coalesce((SELECT sum(n) FROM per), 0)::bigint AS grouped,
                     (SELECT n FROM solo) AS ungrouped,
-                    least((SELECT min(oldest) FROM per), (SELECT oldest FROM solo)) AS oldest)
+                    least((SELECT min(oldest) FROM per), (SELECT oldest FROM solo)) AS oldest
+                    /*@dist , least((SELECT min(oldest_at) FROM per),
+                                    (SELECT oldest_at FROM solo)) AS oldest_at */)
          SELECT s.grouped + s.ungrouped AS total,
                 s.grouped >= $2 OR s.ungrouped >= $2 AS capped,
-                (SELECT (extract(epoch FROM now() - j.created_at) * 1e6)::bigint
-                 FROM pgfifo.job AS j WHERE j.id = s.oldest) AS oldest_age_us,
+                /*@plain*/ (SELECT (extract(epoch FROM now() - j.created_at) * 1e6)::bigint
+                 FROM pgfifo.job AS j WHERE j.id = s.oldest) /*@end*/
+                /*@dist (extract(epoch FROM now() - s.oldest_at) * 1e6)::bigint */ AS oldest_age_us,
                 (SELECT jsonb_agg(jsonb_build_object('group', t.group_id, 'backlog', t.n))
                  FROM (SELECT group_id, n FROM per ORDER BY n DESC, group_id LIMIT $3) AS t) AS top
-         FROM sums AS s",
-    )
-    .bind::<Text, _>(queue)
-    .bind::<BigInt, _>(cap)
-    .bind::<BigInt, _>(top)
-    .get_result(conn)
-    .await
+         FROM sums AS s";
+    diesel::sql_query(expand(text, layout))
+        .bind::<Text, _>(queue)
+        .bind::<BigInt, _>(cap)
+        .bind::<BigInt, _>(top)
+        .get_result(conn)
+        .await
 }
 
 /// What the runner samples for a queue's gauges.
@@ -240,22 +259,25 @@ pub(crate) struct GaugeRow {
 /// active head's age, the blocked groups.
 pub(crate) async fn gauges(
     conn: &mut AsyncPgConnection,
+    layout: Layout,
     queue: &str,
     cap: i64,
 ) -> diesel::QueryResult<GaugeRow> {
-    diesel::sql_query(concat!(
+    let text = concat!(
         "SELECT
              (SELECT count(*) FROM (SELECT 1 FROM pgfifo.job AS j
                                     WHERE j.queue = $1 AND j.state = 'queued' LIMIT $2) AS s) AS depth,
              (SELECT (extract(epoch FROM now() - min(j.created_at)) * 1e6)::bigint
-              FROM pgfifo.queue_group AS g JOIN pgfifo.job AS j ON j.id = g.head_id
+              FROM pgfifo.queue_group AS g
+              JOIN pgfifo.job AS j ON j.id = g.head_id /*@dist AND j.part = g.part */
               WHERE g.queue = $1 AND g.ready_at IS NOT NULL AND j.state = 'queued') AS lag_us,",
         blocked_groups_sql!()
-    ))
-    .bind::<Text, _>(queue)
-    .bind::<BigInt, _>(cap)
-    .get_result(conn)
-    .await
+    );
+    diesel::sql_query(expand(text, layout))
+        .bind::<Text, _>(queue)
+        .bind::<BigInt, _>(cap)
+        .get_result(conn)
+        .await
 }
 
 /// A live runner's row.

@@ -6,6 +6,8 @@ use diesel::sql_types::{Nullable, Text};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
+use crate::db::layout::Layout;
+
 /// Adds the part to every row, rebuilds the keys around it and spreads the
 /// tables over the cluster.
 const DISTRIBUTE: &str = include_str!("distribute.sql");
@@ -29,6 +31,16 @@ pub(crate) async fn distributed(conn: &mut AsyncPgConnection) -> diesel::QueryRe
         .get_result(conn)
         .await?;
     Ok(row.found.as_deref() == Some("distributed"))
+}
+
+/// The database's layout (see [`distributed`]): what an operator's
+/// statements take to choose their form (`db::layout::expand`).
+pub(crate) async fn layout(conn: &mut AsyncPgConnection) -> diesel::QueryResult<Layout> {
+    Ok(if distributed(conn).await? {
+        Layout::Distributed
+    } else {
+        Layout::Plain
+    })
 }
 
 /// The version of the citus extension in this database, if it has one.

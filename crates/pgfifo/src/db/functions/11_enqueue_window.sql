@@ -278,10 +278,15 @@ CREATE OR REPLACE FUNCTION pgfifo.window_of_job(p_job bigint)
 RETURNS TABLE (key text, mode text, period_us bigint, until_us bigint, holds boolean)
 LANGUAGE plpgsql STABLE
 AS $$
+/*@dist
+DECLARE
+    r record;
+*/
 BEGIN
     IF to_regclass('pgfifo.job_window') IS NULL THEN
         RETURN;
     END IF;
+    /*@plain*/
     RETURN QUERY
     SELECT w.key::text, w.mode,
            (extract(epoch FROM w.period) * 1000000)::bigint,
@@ -293,5 +298,23 @@ BEGIN
     FROM pgfifo.job_window AS w
     WHERE w.job_id = p_job
     LIMIT 1;
+    /*@end*/
+    /*@dist
+    -- The window's row is on its key's part, the job on its group's: two
+    -- reads, as Citus joins only rows of one part.
+    FOR r IN SELECT w.key, w.mode, w.period, w.until, w.job_id FROM pgfifo.job_window AS w
+             WHERE w.job_id = p_job LIMIT 1 LOOP
+        key := r.key::text;
+        mode := r.mode;
+        period_us := (extract(epoch FROM r.period) * 1000000)::bigint;
+        until_us := (extract(epoch FROM r.until) * 1000000)::bigint;
+        holds := CASE WHEN r.mode = 'debounce'
+                      THEN EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                   WHERE j.id = r.job_id AND j.state = 'queued'
+                                     AND j.attempts = 0)
+                      ELSE r.until > now() END;
+        RETURN NEXT;
+    END LOOP;
+    */
 END
 $$;

@@ -36,7 +36,15 @@ CREATE OR REPLACE FUNCTION pgfifo.group_limits(
 )
 LANGUAGE plpgsql STABLE
 AS $$
+/*@dist
+DECLARE
+    v_part  integer := pgfifo.part_of(p_queue, p_group);
+    v_dpart integer := pgfifo.part_of(p_queue, '');
+    d record;
+    g record;
+*/
 BEGIN
+    /*@plain*/
     SELECT coalesce(g.rate_count, d.rate_count),
            CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms ELSE d.rate_period_ms END,
            coalesce(g.burst, d.burst, g.rate_count, d.rate_count),
@@ -46,6 +54,23 @@ BEGIN
     FROM (SELECT) AS one
     LEFT JOIN pgfifo.group_control AS d ON d.queue = p_queue AND d.group_id = ''
     LEFT JOIN pgfifo.group_control AS g ON g.queue = p_queue AND g.group_id = p_group;
+    /*@end*/
+    /*@dist
+    -- The queue's defaults and the group's own row are on two parts (two
+    -- shards, perhaps two nodes): one routed read each.
+    SELECT c.rate_count, c.rate_period_ms, c.burst, c.concurrency, c.weight INTO d
+    FROM pgfifo.group_control AS c
+    WHERE c.part = v_dpart AND c.queue = p_queue AND c.group_id = '';
+    SELECT c.rate_count, c.rate_period_ms, c.burst, c.concurrency, c.weight INTO g
+    FROM pgfifo.group_control AS c
+    WHERE c.part = v_part AND c.queue = p_queue AND c.group_id = p_group;
+    rate_count := coalesce(g.rate_count, d.rate_count);
+    rate_period_ms := CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms
+                           ELSE d.rate_period_ms END;
+    burst := coalesce(g.burst, d.burst, g.rate_count, d.rate_count);
+    concurrency := coalesce(g.concurrency, d.concurrency, 1);
+    weight := coalesce(g.weight, d.weight, 1);
+    */
 END
 $$;
 

@@ -2,7 +2,8 @@
 //! or spread over the workers of a Citus cluster (the distributed layout,
 //! docs/scaling.md).
 //!
-//! One set of SQL serves both. A part of a migration or a function that
+//! One set of SQL serves both. A part of a migration, a function or an
+//! operator's statement (`db::admin`) that
 //! only the distributed layout needs is written inside a `/*@dist … */`
 //! comment: a plain database runs the text as it is, so the comment is
 //! skipped, and a distributed one runs it with each such comment replaced
@@ -102,7 +103,6 @@ pub(crate) fn passages(sql: &str) -> Result<Vec<&str>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::migrate::{FUNCTIONS, MIGRATIONS};
 
     #[test]
     fn the_plain_layout_runs_the_text_as_shipped() {
@@ -126,17 +126,5 @@ mod tests {
         assert_eq!(expand(both, Layout::Distributed), "SELECT  b  FROM t");
         let other = "SELECT 1 /* a plain comment */";
         assert_eq!(expand(other, Layout::Distributed), other);
-    }
-
-    #[test]
-    fn passages_are_well_formed_in_every_source() {
-        for f in FUNCTIONS {
-            passages(f.sql).unwrap_or_else(|e| panic!("{}: {e}", f.file));
-        }
-        for m in MIGRATIONS {
-            passages(m.up).unwrap_or_else(|e| panic!("migration {}: {e}", m.version));
-        }
-        assert!(passages("/*@dist a").is_err());
-        assert!(passages("/*@dist a /* b */ c */").is_err());
     }
 }
