@@ -186,8 +186,9 @@ pub async fn split(conn: &mut AsyncPgConnection, queue: &str) -> Result<serde_js
         .into())
 }
 
-/// Citus's statement counts since the database's counters were reset:
-/// (routed to one shard, run on several).
+/// Citus's statement counts in this database since its counters were
+/// reset: (routed to one shard, run on several). (Those of the databases a
+/// run dropped before stay in the server's sum: this one's are read.)
 pub async fn statements(conn: &mut AsyncPgConnection) -> Result<(i64, i64), String> {
     #[derive(QueryableByName)]
     struct Counts {
@@ -199,7 +200,7 @@ pub async fn statements(conn: &mut AsyncPgConnection) -> Result<(i64, i64), Stri
     let c: Counts = diesel::sql_query(
         "SELECT coalesce(sum(query_execution_single_shard), 0)::bigint AS single,
                 coalesce(sum(query_execution_multi_shard), 0)::bigint AS multi
-         FROM citus_stat_counters(0)",
+         FROM citus_stat_counters((SELECT oid FROM pg_database WHERE datname = current_database()))",
     )
     .get_result(conn)
     .await
