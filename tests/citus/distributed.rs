@@ -268,7 +268,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         .await
         .expect("current for a runner");
     // What is not ported refuses, naming it: reverting migrations, a
-    // runner with retention, and (below) group controls.
+    // runner with queue limits, and (below) group controls.
     let refused = migrate::rollback(&mut conn, 1)
         .await
         .expect_err("a rollback of the distributed layout");
@@ -279,11 +279,12 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     let pool = pgfifo::connect(&cluster.url(), 4).await.expect("pool");
     let refused = pgfifo::runner::start(
         pool,
-        pgfifo_tests::test_config().retention(pgfifo::Retention::default()),
+        pgfifo_tests::test_config()
+            .queue_limits("citus", pgfifo::QueueLimits::new().concurrency(2)),
     )
     .await
-    .expect_err("a runner with retention on the distributed layout");
-    assert!(refused.to_string().contains("retention"), "{refused}");
+    .expect_err("a runner with queue limits on the distributed layout");
+    assert!(refused.to_string().contains("queue limits"), "{refused}");
     let refused =
         diesel::sql_query("SELECT pgfifo.set_group_control('citus', 'g009', NULL, NULL, NULL, 2)")
             .execute(&mut conn)

@@ -20,6 +20,8 @@
 //!   the distributed layout, with a runner.
 //! * `distributed_reads`: what an operator reads on the distributed
 //!   layout: the admin API's status and listings, and every dashboard page.
+//! * `distributed_retention`: purge, idle groups' cleaning and a runner's
+//!   retention on the distributed layout.
 //! * `distributed_drain`: a runner's drain on both layouts, with jobs/s,
 //!   CPU per node and statements per job printed for docs/scaling.md.
 //! * `drain`: the layout's job cycle in miniature, drained for real through
@@ -47,6 +49,7 @@ mod distributed_admin;
 mod distributed_drain;
 mod distributed_enqueue;
 mod distributed_reads;
+mod distributed_retention;
 mod drain;
 mod faults;
 mod jobs;

@@ -150,7 +150,7 @@ impl std::fmt::Debug for RunnerHandle {
 
 /// On the distributed layout, fails for what it does not run yet
 /// (docs/scaling.md), naming it: a served job type in long mode,
-/// retention, schedules, group and queue limits in the configuration.
+/// schedules, group and queue limits in the configuration.
 fn refuse_on_distributed(
     registry: &Registry,
     queues: &[String],
@@ -158,9 +158,6 @@ fn refuse_on_distributed(
     schedules: bool,
 ) -> Result<()> {
     let refuse = |what: &str| Err(Error::NotDistributed(what.to_owned()));
-    if config.retention.is_some() {
-        return refuse("retention (RunnerConfig::retention)");
-    }
     if schedules {
         return refuse("schedules (RunnerConfig::schedule)");
     }

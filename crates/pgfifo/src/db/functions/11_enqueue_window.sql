@@ -249,7 +249,9 @@ AS $$
 DECLARE
     v_n bigint := 0;
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('retention of de-duplication windows'); */
+    -- (Windows are not on the distributed layout yet: enqueue with one
+    -- refuses there, so there is nothing to clean.)
+    /*@dist RETURN 0; */
     IF to_regclass('pgfifo.job_window') IS NULL THEN
         RETURN 0;
     END IF;

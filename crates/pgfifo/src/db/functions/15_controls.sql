@@ -518,12 +518,35 @@ $$;
 -- table. Returns how many rows it deleted.
 CREATE OR REPLACE FUNCTION pgfifo.clean_group_controls(p_limit integer) RETURNS bigint
 LANGUAGE plpgsql
+/*@dist SET plan_cache_mode = force_custom_plan */
 AS $$
 DECLARE
     v_n    bigint := 0;
     v_rows bigint;
+    /*@dist v_cand record; v_part integer; */
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('group controls'); */
+    /*@dist
+    -- Distributed: group limits and weights refuse on this layout, so of
+    -- these tables only snoozes have rows. The orphans are read from every
+    -- shard, then each deleted by a statement that names its part.
+    FOR v_cand IN
+        SELECT x.part, x.queue, x.group_id FROM pgfifo.group_snooze AS x
+        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.part = x.part AND g.queue = x.queue
+                            AND g.group_id = x.group_id)
+        LIMIT p_limit
+    LOOP
+        v_part := v_cand.part;
+        DELETE FROM pgfifo.group_snooze AS z
+        WHERE z.part = v_part AND z.queue = v_cand.queue AND z.group_id = v_cand.group_id
+          AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                          WHERE g.part = v_part AND g.queue = z.queue
+                            AND g.group_id = z.group_id);
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_n := v_n + v_rows;
+    END LOOP;
+    RETURN v_n;
+    */
     DELETE FROM pgfifo.group_slot AS s
     WHERE (s.queue, s.group_id, s.slot) IN (
         SELECT x.queue, x.group_id, x.slot FROM pgfifo.group_slot AS x
