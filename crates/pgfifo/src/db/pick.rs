@@ -34,6 +34,11 @@ pub(crate) struct PickedJob {
     /// run under that slot, and no other lane could start them before this
     /// one commits and frees it.
     pub under_queue_slot: bool,
+    /// On the distributed layout, the parts of the shard the pick took the
+    /// job from (`pgfifo.pick_parts`, as PostgreSQL's text of an array):
+    /// the bookkeeper records the attempts of the jobs of one shard with a
+    /// statement routed there. `None` on a plain database.
+    pub shard_parts: Option<std::sync::Arc<str>>,
 }
 
 impl PickedJob {
@@ -91,6 +96,8 @@ struct PickRow {
     traceparent: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
     tracestate: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    parts: Option<String>,
 }
 
 /// The batch (`$1`), the jobs soon free (`$2`, an array's text) and the
@@ -117,13 +124,16 @@ struct PickRow {
 /// Whether the transaction holds a queue's slot is read from the setting
 /// `pgfifo.queue_slot`, which `pick` sets when it takes one: a PL/pgSQL
 /// function in FROM returns its rows once it has run, so the setting is
-/// read after it.
+/// read after it. So is `pgfifo.pick_parts`, the parts of the shard the
+/// distributed layout's pick took its jobs from (unset on a plain
+/// database).
 macro_rules! pick_sql {
     ($trace:literal, $trace_from:literal) => {
         concat!(
             "SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot, \
                     p.more, pg_backend_pid() AS backend_pid, \
                     coalesce(current_setting('pgfifo.queue_slot', true), '') <> '' AS queue_slot, \
+                    nullif(current_setting('pgfifo.pick_parts', true), '') AS parts, \
                     pgfifo.job_batch(p.id) AS batch_id, ",
             $trace,
             " FROM (SELECT set_config('pgfifo.pick_batch', $1::text, true) AS batch, \
@@ -204,6 +214,8 @@ pub(crate) async fn pick(
     .await?;
     let mut jobs = Vec::with_capacity(rows.len());
     let mut more = false;
+    let parts: Option<std::sync::Arc<str>> =
+        rows.iter().find_map(|r| r.parts.as_deref().map(Into::into));
     for row in rows {
         more |= row.more.unwrap_or(false);
         match (row.id, row.kind, row.payload, row.max_attempts) {
@@ -218,6 +230,7 @@ pub(crate) async fn pick(
                 backend_pid: row.backend_pid,
                 under_queue_slot: row.queue_slot,
                 batch_id: row.batch_id,
+                shard_parts: parts.clone(),
                 trace: row.traceparent.map(|traceparent| TraceContext {
                     traceparent,
                     tracestate: row.tracestate,

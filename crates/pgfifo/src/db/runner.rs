@@ -53,6 +53,36 @@ pub(crate) async fn start_attempts(
     .await
 }
 
+const START_ATTEMPTS_ON: &str =
+    "SELECT job_id, attempt FROM pgfifo.start_attempts($1, $2, $3, $4::integer[])";
+
+/// [`start_attempts`] on the distributed layout for jobs of one shard,
+/// whose parts `parts` names (PostgreSQL's text of an array, as the pick
+/// left it in `pgfifo.pick_parts`): its statements are routed there.
+pub(crate) async fn start_attempts_on(
+    conn: &mut AsyncPgConnection,
+    parts: &str,
+    ids: &[i64],
+    max_attempts: &[i32],
+    runner: &str,
+) -> diesel::QueryResult<Vec<(i64, i32)>> {
+    pinned(conn, async |conn| {
+        let rows: Vec<AttemptRow> = cached(
+            START_ATTEMPTS_ON,
+            (
+                bind::<Array<BigInt>, _>(ids),
+                bind::<Array<Integer>, _>(max_attempts),
+                bind::<Text, _>(runner),
+                bind::<Text, _>(parts),
+            ),
+        )
+        .load(conn)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
+    })
+    .await
+}
+
 const FORGET_ATTEMPTS: &str = "DELETE FROM pgfifo.job_attempt AS a \
                                USING unnest($1, $2) AS t(job_id, attempt) \
                                WHERE a.job_id = t.job_id AND a.attempt = t.attempt";
@@ -377,6 +407,7 @@ mod tests {
             backend_pid: 1,
             batch_id,
             under_queue_slot: false,
+            shard_parts: None,
             trace: None,
         }
     }

@@ -15,6 +15,7 @@
 //! one.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -37,6 +38,8 @@ enum Request {
     Start {
         /// `(job id, max attempts)` of each job of one pick.
         jobs: Vec<(i64, i32)>,
+        /// The parts of the pick's shard, on the distributed layout.
+        parts: Option<Arc<str>>,
         reply: oneshot::Sender<Attempts>,
     },
     Forget {
@@ -86,13 +89,18 @@ impl Bookkeeper {
         Self { tx }
     }
 
-    /// Records the start of an attempt of each job `(id, max attempts)`.
-    /// For each, in order: `Some(n)`, this is attempt `n`; `None`, the job
-    /// has used all its attempts.
-    pub(crate) async fn start_attempts(&self, jobs: Vec<(i64, i32)>) -> Attempts {
+    /// Records the start of an attempt of each job `(id, max attempts)` of
+    /// one pick (whose shard's `parts` the distributed layout gives, see
+    /// `PickedJob::shard_parts`). For each, in order: `Some(n)`, this is
+    /// attempt `n`; `None`, the job has used all its attempts.
+    pub(crate) async fn start_attempts(
+        &self,
+        jobs: Vec<(i64, i32)>,
+        parts: Option<Arc<str>>,
+    ) -> Attempts {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Request::Start { jobs, reply })
+            .send(Request::Start { jobs, parts, reply })
             .map_err(|_| "the runner is stopping".to_owned())?;
         rx.await.map_err(|_| "the runner is stopping".to_owned())?
     }
@@ -227,44 +235,20 @@ async fn process(
     runner: &str,
     batch: Vec<Request>,
 ) -> Result<(), diesel::result::Error> {
-    let mut starts = Vec::new();
+    // The starts by shard: one statement for a plain database, one per
+    // shard of the picks on the distributed layout.
+    let mut starts: HashMap<Option<Arc<str>>, Vec<(Vec<(i64, i32)>, _)>> = HashMap::new();
     let mut others = Vec::new();
     for request in batch {
         match request {
-            Request::Start { jobs, reply } => starts.push((jobs, reply)),
+            Request::Start { jobs, parts, reply } => {
+                starts.entry(parts).or_default().push((jobs, reply));
+            }
             other => others.push(other),
         }
     }
-    if !starts.is_empty() {
-        // One row per job: a job asked twice (a worker retrying after a lost
-        // reply) gets the same answer twice.
-        let mut ids: Vec<i64> = Vec::new();
-        let mut max: Vec<i32> = Vec::new();
-        let mut seen = HashSet::new();
-        for (jobs, _) in &starts {
-            for (id, max_attempts) in jobs {
-                if seen.insert(*id) {
-                    ids.push(*id);
-                    max.push(*max_attempts);
-                }
-            }
-        }
-        match sql::start_attempts(conn, &ids, &max, runner).await {
-            Ok(recorded) => {
-                let recorded: HashMap<i64, i32> = recorded.into_iter().collect();
-                for (jobs, reply) in starts {
-                    let attempts = jobs.iter().map(|(id, _)| recorded.get(id).copied());
-                    let _ = reply.send(Ok(attempts.collect()));
-                }
-            }
-            Err(err) => {
-                let message = format!("could not record the attempt: {err}");
-                for (_, reply) in starts {
-                    let _ = reply.send(Err(message.clone()));
-                }
-                return Err(err);
-            }
-        }
+    for (parts, starts) in starts {
+        record_starts(conn, runner, parts.as_deref(), starts).await?;
     }
     for request in others {
         match request {
@@ -299,6 +283,50 @@ async fn process(
         }
     }
     Ok(())
+}
+
+/// Records the starts of some picks' jobs, all of one shard (`parts`) on
+/// the distributed layout, and answers each pick.
+async fn record_starts(
+    conn: &mut PooledConnection,
+    runner: &str,
+    parts: Option<&str>,
+    starts: Vec<(Vec<(i64, i32)>, oneshot::Sender<Attempts>)>,
+) -> Result<(), diesel::result::Error> {
+    // One row per job: a job asked twice (a worker retrying after a lost
+    // reply) gets the same answer twice.
+    let mut ids: Vec<i64> = Vec::new();
+    let mut max: Vec<i32> = Vec::new();
+    let mut seen = HashSet::new();
+    for (jobs, _) in &starts {
+        for (id, max_attempts) in jobs {
+            if seen.insert(*id) {
+                ids.push(*id);
+                max.push(*max_attempts);
+            }
+        }
+    }
+    let result = match parts {
+        None => sql::start_attempts(conn, &ids, &max, runner).await,
+        Some(parts) => sql::start_attempts_on(conn, parts, &ids, &max, runner).await,
+    };
+    match result {
+        Ok(recorded) => {
+            let recorded: HashMap<i64, i32> = recorded.into_iter().collect();
+            for (jobs, reply) in starts {
+                let attempts = jobs.iter().map(|(id, _)| recorded.get(id).copied());
+                let _ = reply.send(Ok(attempts.collect()));
+            }
+            Ok(())
+        }
+        Err(err) => {
+            let message = format!("could not record the attempt: {err}");
+            for (_, reply) in starts {
+                let _ = reply.send(Err(message.clone()));
+            }
+            Err(err)
+        }
+    }
 }
 
 fn fail_all(batch: Vec<Request>, message: &str) {

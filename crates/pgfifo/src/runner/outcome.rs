@@ -183,6 +183,7 @@ mod tests {
             backend_pid: 1,
             under_queue_slot: false,
             batch_id: None,
+            shard_parts: None,
             trace: None,
         }
     }

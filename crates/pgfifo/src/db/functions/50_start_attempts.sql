@@ -99,3 +99,37 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Distributed: the same for jobs of one shard, whose parts the pick left in
+-- pgfifo.pick_parts (the runner passes them on), so that both statements
+-- are routed to that shard. (Group and queue limits, whose tokens the
+-- function above takes, refuse on this layout.)
+/*@dist
+CREATE OR REPLACE FUNCTION pgfifo.start_attempts(p_ids bigint[], p_max integer[], p_runner text,
+                                                 p_parts integer[])
+RETURNS TABLE (job_id bigint, attempt integer)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    -- (A join, not a correlated subquery, and materialized: Citus prunes
+    -- the read to the one shard only so; the insert then routes its rows.)
+    RETURN QUERY
+    WITH last AS MATERIALIZED (
+        SELECT j.id, j.part, max(x.attempt) AS n
+        FROM pgfifo.job AS j
+        LEFT JOIN pgfifo.job_attempt AS x ON x.part = j.part AND x.job_id = j.id
+        WHERE j.part = ANY (p_parts) AND j.id = ANY (p_ids)
+        GROUP BY j.id, j.part)
+    INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner, started_at, part)
+    SELECT t.id, coalesce(l.n, 0) + 1, p_runner, v_now, l.part
+    FROM unnest(p_ids, p_max) AS t(id, max_attempts)
+    JOIN last AS l ON l.id = t.id
+    WHERE coalesce(l.n, 0) < t.max_attempts
+    RETURNING a.job_id, a.attempt;
+END
+$$;
+*/

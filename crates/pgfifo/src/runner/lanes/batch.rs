@@ -105,9 +105,10 @@ pub(super) async fn run_batch<'l>(
     // The handlers' savepoint is set while the bookkeeper records the
     // attempts on its own connection: one round trip for both.
     let request = jobs.iter().map(|j| (j.id, j.max_attempts)).collect();
+    let parts = jobs[0].shard_parts.clone();
     let (savepoint, recorded) = tokio::join!(
         conn.open_handler_savepoint(),
-        lanes.bookkeeper.start_attempts(request)
+        lanes.bookkeeper.start_attempts(request, parts)
     );
     if let Err(err) = savepoint {
         if let Ok(attempts) = recorded {
@@ -245,7 +246,7 @@ pub(super) async fn run_batch<'l>(
         if deferred.contains(&(job.id, job.max_attempts)) {
             match lanes
                 .bookkeeper
-                .start_attempts(vec![(job.id, job.max_attempts)])
+                .start_attempts(vec![(job.id, job.max_attempts)], job.shard_parts.clone())
                 .await
             {
                 Ok(recorded) => {
