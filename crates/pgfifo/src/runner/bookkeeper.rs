@@ -34,6 +34,10 @@ const MAX_BATCH: usize = 512;
 /// up; `Some(0)`: not started, its group's rate limit had no token left).
 type Attempts = Result<Vec<Option<i32>>, String>;
 
+/// The starts a pick asked for: `(job id, max attempts)` of each of its
+/// jobs, and where to answer.
+type PickStarts = (Vec<(i64, i32)>, oneshot::Sender<Attempts>);
+
 enum Request {
     Start {
         /// `(job id, max attempts)` of each job of one pick.
@@ -237,7 +241,7 @@ async fn process(
 ) -> Result<(), diesel::result::Error> {
     // The starts by shard: one statement for a plain database, one per
     // shard of the picks on the distributed layout.
-    let mut starts: HashMap<Option<Arc<str>>, Vec<(Vec<(i64, i32)>, _)>> = HashMap::new();
+    let mut starts: HashMap<Option<Arc<str>>, Vec<PickStarts>> = HashMap::new();
     let mut others = Vec::new();
     for request in batch {
         match request {
@@ -291,7 +295,7 @@ async fn record_starts(
     conn: &mut PooledConnection,
     runner: &str,
     parts: Option<&str>,
-    starts: Vec<(Vec<(i64, i32)>, oneshot::Sender<Attempts>)>,
+    starts: Vec<PickStarts>,
 ) -> Result<(), diesel::result::Error> {
     // One row per job: a job asked twice (a worker retrying after a lost
     // reply) gets the same answer twice.
