@@ -4,23 +4,10 @@
 
 use pgfifo::admin::{FailurePolicy, RetryResult};
 use pgfifo::migrate::Layout;
-use pgfifo::{EnqueueOptions, NewJob};
 use pgfifo_tests::test_config;
 
 use crate::coordinator::{cluster_with, count, job, wait_for};
-use crate::jobs::LogJob;
-
-/// A job of group `group` that fails its first attempt, with one attempt
-/// allowed: it fails for good.
-fn failing(group: &str, seq: i64) -> NewJob {
-    let job = LogJob {
-        group: group.to_owned(),
-        seq,
-        fail_first: true,
-        hold_ms: 0,
-    };
-    NewJob::new(&job, EnqueueOptions::group(group).max_attempts(1)).expect("new job")
-}
+use crate::jobs::failing;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]

@@ -9,31 +9,11 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use pgfifo::admin::{self, FailurePolicy, GroupOrder, GroupQuery, GroupState, JobQuery};
 use pgfifo::migrate::Layout;
-use pgfifo::{EnqueueOptions, NewJob};
 use pgfifo_tests::test_config;
 
 use crate::coordinator::{cluster_with, job, wait_for};
 use crate::dashboard_support::Client;
-use crate::jobs::LogJob;
-
-/// A job of group `group` (ungrouped when `None`) with `options`.
-fn log_job(group: Option<&str>, seq: i64, max_attempts: u32, delay: Option<Duration>) -> NewJob {
-    let job = LogJob {
-        group: group.unwrap_or("-").to_owned(),
-        seq,
-        fail_first: max_attempts == 1,
-        hold_ms: 0,
-    };
-    let mut options = match group {
-        Some(g) => EnqueueOptions::group(g),
-        None => EnqueueOptions::ungrouped(),
-    }
-    .max_attempts(max_attempts);
-    if let Some(delay) = delay {
-        options = options.run_in(delay);
-    }
-    NewJob::new(&job, options).expect("new job")
-}
+use crate::jobs::log_job;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
@@ -102,6 +82,7 @@ async fn status_listings_and_dashboard_on_the_distributed_layout() {
     assert_eq!(queue.blocked_groups.held, 1, "{queue:?}");
     assert_eq!(queue.blocked_groups.paused, 1, "{queue:?}");
     assert_eq!(queue.runners, 1, "{queue:?}");
+    assert!(queue.succeeded.is_none(), "no estimate here: {queue:?}");
 
     // Groups, in each order, and the blocked ones.
     for order in [
@@ -133,6 +114,20 @@ async fn status_listings_and_dashboard_on_the_distributed_layout() {
     .expect("blocked groups");
     let names: Vec<_> = blocked.iter().map(|g| g.group.as_str()).collect();
     assert_eq!(names, ["held", "paused"], "{blocked:?}");
+    // By oldest head: the held group (the paused one has no head: no
+    // runner made it active).
+    let by_lag = admin::groups(
+        &mut conn,
+        "citus",
+        &GroupQuery {
+            order: GroupOrder::OldestHead,
+            blocked_only: true,
+            ..GroupQuery::default()
+        },
+    )
+    .await
+    .expect("blocked groups by oldest head");
+    assert!(by_lag.iter().any(|g| g.group == "held"), "{by_lag:?}");
     let held = admin::group(&mut conn, "citus", "held")
         .await
         .expect("group")
@@ -233,4 +228,41 @@ async fn status_listings_and_dashboard_on_the_distributed_layout() {
     );
     assert!(!blocked.contains("/groups/ok"), "{blocked}");
     runner.shutdown().await.expect("shutdown");
+
+    // A group paused while its head waits to run (no runner has parked it
+    // yet) is blocked too, in each order.
+    pgfifo::enqueue_batch(&mut conn, [job("p2", 0, false)])
+        .await
+        .expect("enqueue");
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query("SELECT * FROM pgfifo.promote(ARRAY['citus'], 100)"),
+        &mut conn,
+    )
+    .await
+    .expect("promote");
+    assert!(admin::pause_group(&mut conn, "citus", "p2")
+        .await
+        .expect("pause"));
+    for order in [
+        GroupOrder::Name,
+        GroupOrder::OldestHead,
+        GroupOrder::Backlog,
+    ] {
+        let blocked = admin::groups(
+            &mut conn,
+            "citus",
+            &GroupQuery {
+                order,
+                blocked_only: true,
+                ..GroupQuery::default()
+            },
+        )
+        .await
+        .expect("blocked groups");
+        let p2 = blocked
+            .iter()
+            .find(|g| g.group == "p2")
+            .unwrap_or_else(|| panic!("p2 not blocked by {order:?}: {blocked:?}"));
+        assert!(p2.head.is_some() && p2.paused_at.is_some(), "{p2:?}");
+    }
 }

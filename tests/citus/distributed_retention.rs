@@ -8,33 +8,11 @@ use std::time::Duration;
 
 use pgfifo::admin::{self, FailurePolicy, FinishedState};
 use pgfifo::migrate::Layout;
-use pgfifo::{EnqueueOptions, NewJob, Retention};
+use pgfifo::{NewJob, Retention};
 use pgfifo_tests::test_config;
 
 use crate::coordinator::{cluster_with, count, job, wait_for};
-use crate::jobs::LogJob;
-
-/// A job of `group` whose only attempt fails.
-fn failing(group: &str, seq: i64) -> NewJob {
-    let job = LogJob {
-        group: group.to_owned(),
-        seq,
-        fail_first: true,
-        hold_ms: 0,
-    };
-    NewJob::new(&job, EnqueueOptions::group(group).max_attempts(1)).expect("new job")
-}
-
-/// An ungrouped job.
-fn solo(seq: i64) -> NewJob {
-    let job = LogJob {
-        group: "-".to_owned(),
-        seq,
-        fail_first: false,
-        hold_ms: 0,
-    };
-    NewJob::new(&job, EnqueueOptions::ungrouped()).expect("new job")
-}
+use crate::jobs::{failing, log_job};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
@@ -49,7 +27,7 @@ async fn purge_and_clean_groups_on_the_distributed_layout() {
         .map(|k| job(&format!("o{:02}", k % 30), k / 30, false))
         .collect();
     batch.extend([failing("held", 0), job("held", 1, false)]);
-    batch.extend((0..4).map(solo));
+    batch.extend((0..4).map(|k| log_job(None, k, 3, None)));
     let ids = pgfifo::enqueue_batch(&mut conn, batch)
         .await
         .expect("enqueue");

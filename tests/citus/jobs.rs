@@ -2,7 +2,9 @@
 
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::RunQueryDsl;
-use pgfifo::{async_trait, Handler, Job, JobContext, JobError};
+use std::time::Duration;
+
+use pgfifo::{async_trait, EnqueueOptions, Handler, Job, JobContext, JobError, NewJob};
 use serde::{Deserialize, Serialize};
 
 /// Appends `(group, seq, job, attempt)` with the database clock's start and
@@ -53,3 +55,33 @@ impl Handler for LogJob {
 pub const LOG_TABLE: &str = "CREATE TABLE citus_log (
     grp text NOT NULL, seq bigint NOT NULL, job_id bigint NOT NULL, attempt bigint NOT NULL,
     started_at timestamptz NOT NULL, ended_at timestamptz)";
+
+/// A `LogJob` of `group` (ungrouped when `None`) with `max_attempts`,
+/// delayed by `delay`; with one attempt it fails it, for good.
+pub fn log_job(
+    group: Option<&str>,
+    seq: i64,
+    max_attempts: u32,
+    delay: Option<Duration>,
+) -> NewJob {
+    let job = LogJob {
+        group: group.unwrap_or("-").to_owned(),
+        seq,
+        fail_first: max_attempts == 1,
+        hold_ms: 0,
+    };
+    let mut options = match group {
+        Some(g) => EnqueueOptions::group(g),
+        None => EnqueueOptions::ungrouped(),
+    }
+    .max_attempts(max_attempts);
+    if let Some(delay) = delay {
+        options = options.run_in(delay);
+    }
+    NewJob::new(&job, options).expect("new job")
+}
+
+/// A job of group `group` whose only attempt fails: it fails for good.
+pub fn failing(group: &str, seq: i64) -> NewJob {
+    log_job(Some(group), seq, 1, None)
+}

@@ -15,7 +15,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use pgfifo::Pool;
 use serde_json::json;
 
-use crate::common::database_url;
+use crate::common::{self, database_url};
 
 /// One node of the cluster as the coordinator lists it.
 #[derive(QueryableByName, Debug, Clone)]
@@ -95,15 +95,9 @@ pub async fn fresh_database(
     // databases end with it.
     for node in std::iter::once(coordinator).chain(nodes.iter().filter(|n| !n.coordinator)) {
         let mut admin = establish(&node.url(server_url, "postgres")).await?;
-        for sql in [
-            format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
-            format!("CREATE DATABASE \"{name}\""),
-        ] {
-            admin
-                .batch_execute(&sql)
-                .await
-                .map_err(|e| format!("{sql} on {}: {e}", node.name()))?;
-        }
+        common::recreate(&mut admin, name)
+            .await
+            .map_err(|e| format!("on {}: {e}", node.name()))?;
     }
     for node in nodes.iter().filter(|n| !n.coordinator) {
         let mut conn = establish(&node.url(server_url, name)).await?;

@@ -99,6 +99,18 @@ pub async fn fresh_database(
     let mut admin = AsyncPgConnection::establish(server_url)
         .await
         .map_err(|e| format!("connect to {server_url}: {e}"))?;
+    recreate(&mut admin, name).await?;
+    let url = database_url(server_url, name);
+    let pool = pgfifo::connect(&url, pool_size)
+        .await
+        .map_err(|e| e.to_string())?;
+    pgfifo::migrate(&pool).await.map_err(|e| e.to_string())?;
+    Ok((pool, url))
+}
+
+/// Drops database `name` (ending its sessions) and creates it empty, on
+/// the server of `admin`.
+pub async fn recreate(admin: &mut AsyncPgConnection, name: &str) -> Result<(), String> {
     for sql in [
         format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
         format!("CREATE DATABASE \"{name}\""),
@@ -108,12 +120,7 @@ pub async fn fresh_database(
             .await
             .map_err(|e| format!("{sql}: {e}"))?;
     }
-    let url = database_url(server_url, name);
-    let pool = pgfifo::connect(&url, pool_size)
-        .await
-        .map_err(|e| e.to_string())?;
-    pgfifo::migrate(&pool).await.map_err(|e| e.to_string())?;
-    Ok((pool, url))
+    Ok(())
 }
 
 /// A scenario's database `name`, with `BENCH_DB_SUFFIX` appended.

@@ -41,6 +41,12 @@ const END: &str = "/*@end*/";
 /// `sql` as it runs in `layout`: unchanged in the plain layout; in the
 /// distributed one with every `/*@dist … */` replaced by its content.
 pub(crate) fn expand(sql: &str, layout: Layout) -> Cow<'_, str> {
+    // The statements expanded at run time (`db::admin`) are checked where
+    // they run, in debug builds: the tests run each of them.
+    #[cfg(debug_assertions)]
+    if let Err(err) = passages(sql) {
+        panic!("{err} in: {sql}");
+    }
     if layout == Layout::Plain || !sql.contains(MARK) && !sql.contains(PLAIN) {
         return Cow::Borrowed(sql);
     }
@@ -78,7 +84,7 @@ fn strip_plain(sql: &str) -> String {
 
 /// Every `/*@dist … */` passage of `sql`, for the checks below: its
 /// content, or an error saying what is wrong with it.
-#[cfg(test)]
+#[cfg(any(test, debug_assertions))]
 pub(crate) fn passages(sql: &str) -> Result<Vec<&str>, String> {
     let mut found = Vec::new();
     let mut rest = sql;

@@ -28,56 +28,40 @@ struct AttemptRow {
 
 const START_ATTEMPTS: &str = "SELECT job_id, attempt FROM pgfifo.start_attempts($1, $2, $3)";
 
-/// Records the start of an attempt for each job (autocommit, outside the jobs'
-/// transactions). Returns `(job id, attempt number)` for the jobs that still
-/// had attempts left.
-pub(crate) async fn start_attempts(
-    conn: &mut AsyncPgConnection,
-    ids: &[i64],
-    max_attempts: &[i32],
-    runner: &str,
-) -> diesel::QueryResult<Vec<(i64, i32)>> {
-    pinned(conn, async |conn| {
-        let rows: Vec<AttemptRow> = cached(
-            START_ATTEMPTS,
-            (
-                bind::<Array<BigInt>, _>(ids),
-                bind::<Array<Integer>, _>(max_attempts),
-                bind::<Text, _>(runner),
-            ),
-        )
-        .load(conn)
-        .await?;
-        Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
-    })
-    .await
-}
-
+/// On the distributed layout, for the jobs of one shard (see below).
 const START_ATTEMPTS_ON: &str =
     "SELECT job_id, attempt FROM pgfifo.start_attempts($1, $2, $3, $4::integer[])";
 
-/// [`start_attempts`] on the distributed layout for jobs of one shard,
-/// whose parts `parts` names (PostgreSQL's text of an array, as the pick
-/// left it in `pgfifo.pick_parts`): its statements are routed there.
-pub(crate) async fn start_attempts_on(
+/// Records the start of an attempt for each job (autocommit, outside the jobs'
+/// transactions). Returns `(job id, attempt number)` for the jobs that still
+/// had attempts left. On the distributed layout, `parts` names the parts of
+/// the one shard the jobs were picked from (PostgreSQL's text of an array,
+/// as the pick left it in `pgfifo.pick_parts`), and the statements are
+/// routed there; `None` on a plain database.
+pub(crate) async fn start_attempts(
     conn: &mut AsyncPgConnection,
-    parts: &str,
+    parts: Option<&str>,
     ids: &[i64],
     max_attempts: &[i32],
     runner: &str,
 ) -> diesel::QueryResult<Vec<(i64, i32)>> {
     pinned(conn, async |conn| {
-        let rows: Vec<AttemptRow> = cached(
-            START_ATTEMPTS_ON,
-            (
-                bind::<Array<BigInt>, _>(ids),
-                bind::<Array<Integer>, _>(max_attempts),
-                bind::<Text, _>(runner),
-                bind::<Text, _>(parts),
-            ),
-        )
-        .load(conn)
-        .await?;
+        let ids = bind::<Array<BigInt>, _>(ids);
+        let max_attempts = bind::<Array<Integer>, _>(max_attempts);
+        let runner = bind::<Text, _>(runner);
+        let rows: Vec<AttemptRow> = match parts {
+            None => {
+                cached(START_ATTEMPTS, (ids, max_attempts, runner))
+                    .load(conn)
+                    .await?
+            }
+            Some(parts) => {
+                let parts = bind::<Text, _>(parts);
+                cached(START_ATTEMPTS_ON, (ids, max_attempts, runner, parts))
+                    .load(conn)
+                    .await?
+            }
+        };
         Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
     })
     .await

@@ -251,8 +251,23 @@ async fn process(
             other => others.push(other),
         }
     }
+    // After a failure, the other shards' picks get the same error (their
+    // lanes hand their jobs back), and the caller replaces the connection.
+    let mut failed: Option<(diesel::result::Error, String)> = None;
     for (parts, starts) in starts {
-        record_starts(conn, runner, parts.as_deref(), starts).await?;
+        if let Some((_, message)) = &failed {
+            for (_, reply) in starts {
+                let _ = reply.send(Err(message.clone()));
+            }
+            continue;
+        }
+        if let Err(err) = record_starts(conn, runner, parts.as_deref(), starts).await {
+            let message = format!("could not record the attempt: {err}");
+            failed = Some((err, message));
+        }
+    }
+    if let Some((err, _)) = failed {
+        return Err(err);
     }
     for request in others {
         match request {
@@ -310,11 +325,7 @@ async fn record_starts(
             }
         }
     }
-    let result = match parts {
-        None => sql::start_attempts(conn, &ids, &max, runner).await,
-        Some(parts) => sql::start_attempts_on(conn, parts, &ids, &max, runner).await,
-    };
-    match result {
+    match sql::start_attempts(conn, parts, &ids, &max, runner).await {
         Ok(recorded) => {
             let recorded: HashMap<i64, i32> = recorded.into_iter().collect();
             for (jobs, reply) in starts {

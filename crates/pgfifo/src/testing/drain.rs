@@ -337,7 +337,7 @@ impl Draining<'_> {
             return Err(self.capped("attempts"));
         }
         let recorded =
-            sql::start_attempts(book, &[job.id], &[job.max_attempts], DRAIN_RUNNER).await?;
+            sql::start_attempts(book, None, &[job.id], &[job.max_attempts], DRAIN_RUNNER).await?;
         let attempt = recorded.iter().find(|(id, _)| *id == job.id).map(|r| r.1);
         if attempt == Some(0) {
             // Its group's rate limit has no token left: nothing recorded,

@@ -127,11 +127,13 @@ macro_rules! blocked_row {
 }
 
 /// On the distributed layout, whether group row `g` may be blocked (held,
-/// or waiting for a time) when `$3` asks for blocked groups only: the
-/// listing's first step keeps these, and [`each_group_row`] decides.
+/// paused, or waiting for a time) when `$3` asks for blocked groups only:
+/// the listing's first step keeps these, and [`each_group_row`] decides.
 macro_rules! may_block {
     () => {
-        "(NOT $3 OR g.ready_at IS NULL AND g.head_id IS NOT NULL OR g.ready_at > now())"
+        "(NOT $3 OR g.ready_at IS NULL AND g.head_id IS NOT NULL OR g.ready_at > now()
+          OR EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
+                     WHERE p.part = g.part AND p.queue = g.queue AND p.group_id = g.group_id))"
     };
 }
 

@@ -528,7 +528,8 @@ BEGIN
     /*@dist
     -- Distributed: group limits and weights refuse on this layout, so of
     -- these tables only snoozes have rows. The orphans are read from every
-    -- shard, then each deleted by a statement that names its part.
+    -- shard without locks, then each deleted by a statement that names its
+    -- part, checked again under FOR UPDATE SKIP LOCKED.
     FOR v_cand IN
         SELECT x.part, x.queue, x.group_id FROM pgfifo.group_snooze AS x
         WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
@@ -538,10 +539,13 @@ BEGIN
     LOOP
         v_part := v_cand.part;
         DELETE FROM pgfifo.group_snooze AS z
-        WHERE z.part = v_part AND z.queue = v_cand.queue AND z.group_id = v_cand.group_id
-          AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                          WHERE g.part = v_part AND g.queue = z.queue
-                            AND g.group_id = z.group_id);
+        WHERE z.part = v_part AND (z.queue, z.group_id) IN (
+            SELECT x.queue, x.group_id FROM pgfifo.group_snooze AS x
+            WHERE x.part = v_part AND x.queue = v_cand.queue AND x.group_id = v_cand.group_id
+              AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                              WHERE g.part = v_part AND g.queue = x.queue
+                                AND g.group_id = x.group_id)
+            FOR UPDATE SKIP LOCKED);
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         v_n := v_n + v_rows;
     END LOOP;

@@ -50,6 +50,7 @@ CREATE OR REPLACE FUNCTION pgfifo.purge_jobs(p_before timestamptz, p_states text
 RETURNS TABLE (deleted bigint, last_id bigint, done boolean, first_pending bigint)
 LANGUAGE plpgsql
 SET citus.multi_shard_modify_mode = 'sequential'
+SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_ids     bigint[];

@@ -6,7 +6,7 @@
 -- how a change of arguments or result type is made.
 --
 -- The plain layout's listings read these columns in one statement over
--- all the groups they list (crates/pgfifo/src/db/admin/inspect.rs). On the
+-- all the groups they list (crates/pgfifo/src/db/admin/group_list.rs). On the
 -- distributed layout, Citus refuses that statement (its joins are not all
 -- on the part, and it has correlated subqueries beside a subquery in FROM),
 -- so the listing chooses its groups first and reads each here: there
