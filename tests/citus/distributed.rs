@@ -108,8 +108,6 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         "queue_control",
         "queue_slot",
         "queue_bucket",
-        "schedule",
-        "schedule_tick",
     ] {
         assert!(
             layout.contains(&format!("pgfifo.{reference} - n")),
@@ -119,6 +117,8 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     for local in [
         "runner",
         "queue_minute",
+        "schedule",
+        "schedule_tick",
         "schema_migrations",
         "schema_functions",
     ] {

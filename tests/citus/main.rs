@@ -22,6 +22,8 @@
 //!   layout: the admin API's status and listings, and every dashboard page.
 //! * `distributed_retention`: purge, idle groups' cleaning and a runner's
 //!   retention on the distributed layout.
+//! * `distributed_schedules`: a schedule fired by a runner, and the
+//!   operator's reads and actions on it, on the distributed layout.
 //! * `distributed_drain`: a runner's drain on both layouts, with jobs/s,
 //!   CPU per node and statements per job printed for docs/scaling.md.
 //! * `drain`: the layout's job cycle in miniature, drained for real through
@@ -50,6 +52,7 @@ mod distributed_drain;
 mod distributed_enqueue;
 mod distributed_reads;
 mod distributed_retention;
+mod distributed_schedules;
 mod drain;
 mod faults;
 mod jobs;

@@ -235,16 +235,18 @@ pub enum Distributed {
 /// Lays pgfifo's tables out over a Citus cluster, on its coordinator:
 /// every row of a group (its row, jobs, attempts, controls…) gets the
 /// group's part and the tables are distributed by it, co-located; the
-/// batches' rows are distributed by batch; queue settings, queue limits
-/// and schedules become reference tables (see `db/citus/distribute.sql`
-/// and docs/scaling.md). In one transaction, under the migrations' lock;
-/// it copies every row, so run it with runners stopped.
+/// batches' rows are distributed by batch; queue settings and queue limits
+/// become reference tables; the runners, the minute counts and the
+/// schedules stay on the coordinator (see `db/citus/distribute.sql` and
+/// docs/scaling.md). In one transaction, under the migrations' lock; it
+/// copies every row, so run it with runners stopped.
 ///
 /// **Work in progress** (issue 31): enqueue, the runner's cycle (promote,
-/// pick, attempts, completion) and pausing run on the distributed layout;
-/// group controls, queue limits, batches, dependencies, windows, long mode
-/// and the SQL enqueue API refuse there, naming what is missing, and the
-/// admin reads are not ported. Hidden until they are.
+/// pick, attempts, completion), pausing, the operator's reads and
+/// actions, retention and schedules run on the distributed layout; group
+/// controls, queue limits, batches, dependencies, windows, long mode and
+/// the SQL enqueue API refuse there, naming what is missing. Hidden until
+/// they run.
 ///
 /// Fails, changing nothing, with [`Error::CitusMissing`] when the database
 /// has no citus extension, [`Error::CitusWorker`] on a worker node, and

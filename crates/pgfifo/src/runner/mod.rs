@@ -149,18 +149,14 @@ impl std::fmt::Debug for RunnerHandle {
 }
 
 /// On the distributed layout, fails for what it does not run yet
-/// (docs/scaling.md), naming it: a served job type in long mode,
-/// schedules, group and queue limits in the configuration.
+/// (docs/scaling.md), naming it: a served job type in long mode, group
+/// and queue limits in the configuration.
 fn refuse_on_distributed(
     registry: &Registry,
     queues: &[String],
     config: &RunnerConfig,
-    schedules: bool,
 ) -> Result<()> {
     let refuse = |what: &str| Err(Error::NotDistributed(what.to_owned()));
-    if schedules {
-        return refuse("schedules (RunnerConfig::schedule)");
-    }
     if !config.group_limits.is_empty() {
         return refuse("group limits (RunnerConfig::group_limits)");
     }
@@ -195,7 +191,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         let distributed =
             crate::migrate::layout(&mut conn).await? == crate::migrate::Layout::Distributed;
         if distributed {
-            refuse_on_distributed(registry, &queues, &config, !schedules.is_empty())?;
+            refuse_on_distributed(registry, &queues, &config)?;
         }
         scheduler::declare(&mut conn, &config.name, &schedules).await?;
         for (queue, limits) in &config.group_limits {

@@ -16,18 +16,19 @@
 --  * the batches' own rows (batch, batch_shard, batch_callback),
 --    distributed by batch id in a colocation group of their own;
 --  * small tables read everywhere and written rarely (queue settings and
---    limits, schedules), reference tables: a copy on every node.
--- The runners' registry, the per-minute counts and the schema's bookkeeping
--- stay ordinary tables on the coordinator: only the coordinator's sessions
--- read or write them.
+--    limits), reference tables: a copy on every node.
+-- The runners' registry, the per-minute counts, the schedules and their
+-- ticks, and the schema's bookkeeping stay ordinary tables on the
+-- coordinator: only the coordinator's sessions read or write them (a
+-- schedule's firing locks its row there, FOR UPDATE SKIP LOCKED, for the
+-- transaction that enqueues its jobs).
 --
 -- Every primary key and unique index of a distributed table must hold the
 -- distribution column, so they gain `part`: a unique key is unique within
 -- its part (documented), and a group's long run within the group as before.
 
--- One connection per node for the whole transaction: the schedules'
--- foreign key (to a table made a reference table below) requires it once
--- the transaction has written to distributed tables in parallel.
+-- One connection per node for the whole transaction (the reference tables
+-- below are written once it has written to distributed tables).
 SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
 
 CREATE TABLE pgfifo.schema_layout (
@@ -157,4 +158,4 @@ GROUP BY get_shard_id_for_distribution_column('pgfifo.queue_group', p);
 
 SELECT create_reference_table('pgfifo.' || t)
 FROM unnest(ARRAY['queue_setting', 'queue_control', 'queue_slot', 'queue_bucket',
-                  'schedule', 'schedule_tick', 'layout_shard']) AS t;
+                  'layout_shard']) AS t;
