@@ -316,3 +316,98 @@ fn remote_commands(log: &str, app: &str) -> Vec<(String, Vec<i64>)> {
     }
     found
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn the_sql_enqueue_api_puts_each_job_on_its_part() {
+    let (_cluster, mut conn) = distributed_cluster().await;
+    let one = scalar(
+        &mut conn,
+        "SELECT pgfifo.add_job(kind => 'citus.log', queue => 'citus',
+                               payload => '{\"group\": \"sql-a\", \"seq\": 0, \"fail_first\": false, \"hold_ms\": 0}',
+                               group_id => 'sql-a')",
+    )
+    .await;
+    assert_eq!(
+        scalar(
+            &mut conn,
+            &format!(
+                "SELECT count(*) FROM pgfifo.job
+                 WHERE id = {one} AND part = pgfifo.part_of('citus', 'sql-a')"
+            )
+        )
+        .await,
+        1,
+        "add_job's job on its group's part"
+    );
+    let ids = text(
+        &mut conn,
+        "SELECT pgfifo.add_jobs('[
+             {\"kind\": \"citus.log\", \"queue\": \"citus\", \"group_id\": \"sql-b\", \"payload\": {}},
+             {\"kind\": \"citus.log\", \"queue\": \"citus\", \"payload\": {}, \"unique_key\": \"k-1\"},
+             {\"kind\": \"citus.log\", \"queue\": \"citus\", \"group_id\": \"sql-b\", \"payload\": {},
+              \"traceparent\": \"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\"}
+         ]'::jsonb)::text",
+    )
+    .await
+    .expect("add_jobs");
+    let ids: Vec<i64> = ids
+        .trim_matches(['{', '}'])
+        .split(',')
+        .map(|id| id.parse().expect("an id"))
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "in input order: {ids:?}"
+    );
+    assert_eq!(
+        scalar(
+            &mut conn,
+            &format!(
+                "SELECT count(*) FROM pgfifo.job AS j
+                 WHERE j.id = ANY ('{{{}}}') AND j.part = pgfifo.job_part(j.queue, j.group_id, j.id, j.unique_key)",
+                ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+            )
+        )
+        .await,
+        3,
+        "each job on its part"
+    );
+    assert_eq!(
+        scalar(
+            &mut conn,
+            &format!(
+                "SELECT count(*) FROM pgfifo.job_trace AS t JOIN pgfifo.job AS j
+                   ON j.part = t.part AND j.id = t.job_id WHERE j.id = {}",
+                ids[2]
+            )
+        )
+        .await,
+        1,
+        "the traced job's context beside it"
+    );
+    // A window, and the outcomes, refuse by name.
+    for (sql, what) in [
+        (
+            "SELECT pgfifo.add_job(kind => 'citus.log', queue => 'citus', payload => '{}',
+                                   window_key => 'w', window_mode => 'unique',
+                                   window_period => '1 minute')",
+            "de-duplication windows",
+        ),
+        (
+            "SELECT id FROM pgfifo.add_job_outcome(kind => 'citus.log', queue => 'citus',
+                                                  payload => '{}')",
+            "add_job_outcome",
+        ),
+    ] {
+        let err = diesel::sql_query(sql)
+            .execute(&mut conn)
+            .await
+            .expect_err(what);
+        assert!(
+            err.to_string().contains(what) && err.to_string().contains("distributed layout"),
+            "{err}"
+        );
+    }
+}

@@ -267,7 +267,6 @@ DECLARE
     v_traced boolean;
     v_ids    bigint[];
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('the SQL enqueue API (pgfifo.add_job)'); */
     SELECT * INTO v
     FROM pgfifo.add_job_checked('', add_job.kind, add_job.queue, add_job.payload,
                                 add_job.group_id, add_job.run_at, add_job.delay,
@@ -334,7 +333,9 @@ DECLARE
     v_traced boolean;
     e        record;
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('the SQL enqueue API (pgfifo.add_job_outcome)'); */
+    -- (Its outcomes come from the windows' enqueue, which the distributed
+    -- layout does not run yet; add_job and add_jobs without a window do.)
+    /*@dist PERFORM pgfifo.not_distributed('the outcomes of the SQL enqueue API (pgfifo.add_job_outcome)'); */
     SELECT * INTO v
     FROM pgfifo.add_job_checked('', add_job_outcome.kind, add_job_outcome.queue,
                                 add_job_outcome.payload, add_job_outcome.group_id,
@@ -438,7 +439,6 @@ DECLARE
     a_ts     text[] := '{}';
     v_traced boolean := false;
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('the SQL enqueue API (pgfifo.add_jobs)'); */
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
         RAISE EXCEPTION 'pgfifo: jobs must be a JSON array of objects (got %)',
             coalesce(jsonb_typeof(jobs), 'SQL NULL')
