@@ -39,6 +39,9 @@ LANGUAGE plpgsql
 -- Short queries on small tables: compiling them would cost 100x running them.
 SET jit = off
 SET plan_cache_mode = /*@plain*/ force_generic_plan /*@end*/ /*@dist force_custom_plan */
+-- (Distributed: its reads of every shard on one connection per worker, as
+-- the pick's: see there.)
+/*@dist SET citus.max_adaptive_executor_pool_size = 1 */
 AS $$
 DECLARE
     v_wake  record;
@@ -57,6 +60,16 @@ BEGIN
     -- (Distributed: shard by shard, in one order, so that two promotes
     -- deleting the same wake rows wait for each other and never deadlock.)
     /*@dist PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true); */
+    -- (Distributed: a read of every shard, in parallel, first says whether
+    -- there is a wake row at all; the delete below walks the shards one by
+    -- one, which an idle runner's lanes, promoting as a fallback for lost
+    -- notifications, would otherwise pay on every poll.)
+    /*@dist
+    IF NOT EXISTS (SELECT 1 FROM pgfifo.group_wake AS x WHERE x.queue = ANY (p_queues)) THEN
+        promoted := 0;
+        RETURN;
+    END IF;
+    */
     FOR v_wake IN
         WITH taken AS (
             /*@plain*/

@@ -869,8 +869,9 @@ $$;
 -- when they give nothing, one read of every shard (in parallel, on their
 -- ready indexes) says which others have a ready group or ungrouped job,
 -- and it tries those in turn order until one gives something. So a busy
--- runner's pick touches a shard or three, and an idle one's also costs
--- one read of each. The shard it took jobs from stays in the
+-- runner's pick touches a shard or three; a session whose last pick was
+-- empty reads first which shards have work, so an idle lane's poll costs
+-- that one read. The shard it took jobs from stays in the
 -- transaction's setting pgfifo.pick_parts, for the completion of its
 -- jobs. Every job row says `more`: other shards may have work that this
 -- pick did not look at.
@@ -888,6 +889,10 @@ CREATE OR REPLACE FUNCTION pgfifo.pick(
 RETURNS TABLE (id bigint, queue text, group_id text, kind text, payload jsonb,
                max_attempts integer, slot integer, more boolean)
 LANGUAGE plpgsql
+-- Its read of every shard runs on one connection per worker: tiny reads,
+-- for which Citus would otherwise open connections in parallel and close
+-- them at the transaction's end, on every poll of every lane.
+SET citus.max_adaptive_executor_pool_size = 1
 AS $$
 DECLARE
     v_shards integer := (SELECT count(*) FROM pgfifo.layout_shard);
@@ -895,11 +900,15 @@ DECLARE
     v_parts  integer[];
     v_ready  integer[];
     v_now    timestamptz := statement_timestamp();
+    v_idle   boolean := coalesce(current_setting('pgfifo.pick_idle', true), '') = 'on';
 BEGIN
     -- Pass 0: the turn's shard and the two after it. Pass 1: of the rest,
-    -- those a read of every shard says have ready work.
+    -- those a read of every shard says have ready work. After an empty
+    -- pick of this session (the session setting pgfifo.pick_idle), that
+    -- read comes first and both passes try only the shards it names: an
+    -- idle lane's poll is then that one read.
     FOR v_pass IN 0 .. 1 LOOP
-        IF v_pass = 1 THEN
+        IF v_ready IS NULL AND (v_pass = 1 OR v_idle) THEN
             v_ready := ARRAY(SELECT g.part FROM pgfifo.queue_group AS g
                              WHERE g.queue = ANY (p_queues) AND g.ready_at IS NOT NULL
                                AND g.ready_at <= v_now
@@ -911,6 +920,7 @@ BEGIN
         FOR v_parts IN
             SELECT s.parts FROM pgfifo.layout_shard AS s
             WHERE CASE WHEN v_pass = 0 THEN (s.shard - v_start + v_shards) % v_shards < 3
+                                            AND (NOT v_idle OR s.parts && v_ready)
                        ELSE (s.shard - v_start + v_shards) % v_shards >= 3
                             AND s.parts && v_ready END
             ORDER BY (s.shard - v_start + v_shards) % v_shards
@@ -922,10 +932,16 @@ BEGIN
                                 p_default_idle_ms, p_limit, p_held) AS p;
             IF FOUND THEN
                 PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
+                IF v_idle THEN
+                    PERFORM set_config('pgfifo.pick_idle', 'off', false);
+                END IF;
                 RETURN;
             END IF;
         END LOOP;
     END LOOP;
+    IF NOT v_idle THEN
+        PERFORM set_config('pgfifo.pick_idle', 'on', false);
+    END IF;
 END
 $$;
 */
