@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::ops::FailurePolicy;
 use crate::db;
 use crate::db::admin::status::BlockedRow;
+use crate::db::layout::Layout;
 use crate::db::pooler::pinned;
 use crate::names::validate_queue;
 use crate::time::{age_from_micros, ser_opt_secs};
@@ -166,55 +167,59 @@ pub async fn queue_status(
     top: usize,
 ) -> Result<QueueStatus> {
     pinned(conn, async |conn| {
-        validate_queue(queue)?;
         let layout = db::citus::layout(conn).await?;
-        let (small, unfinished) = db::admin::status::queue_figures(
-            conn,
-            layout,
-            queue,
-            COUNT_CAP,
-            top as i64,
-            RUNNER_ALIVE,
-        )
-        .await?;
-        let total = capped(
-            if unfinished.capped {
-                COUNT_CAP
-            } else {
-                unfinished.total
-            },
-            small.queued_est,
-        );
-        let retrying = capped(small.retrying, None);
-        let waiting = (total.value - small.running - retrying.value).max(0);
-        let largest_backlogs = match unfinished.top {
-            Some(top) => serde_json::from_value(top).map_err(|err| {
-                crate::Error::InvalidArgument(format!("unexpected backlog summary: {err}"))
-            })?,
-            None => Vec::new(),
-        };
-        Ok(QueueStatus {
-            queue: queue.to_owned(),
-            paused: small.paused,
-            failure_policy: small.policy.parse().unwrap_or_default(),
-            queued: Count {
-                value: waiting,
-                exact: total.exact,
-            },
-            running: small.running,
-            retrying,
-            failed: capped(small.failed, small.failed_est),
-            succeeded: small.succeeded_est.map(estimate),
-            cancelled: small.cancelled_est.map(estimate),
-            oldest_queued_age: unfinished.oldest_age_us.map(age_from_micros),
-            blocked_groups: small.blocked.into(),
-            largest_backlogs,
-            largest_backlogs_exact: !unfinished.capped,
-            runners: small.runners,
-            limits: super::queue_limits::read(conn, queue).await?,
-        })
+        status_in(conn, layout, queue, top).await
     })
     .await
+}
+
+/// [`queue_status`] on a database whose layout the caller has read.
+async fn status_in(
+    conn: &mut AsyncPgConnection,
+    layout: Layout,
+    queue: &str,
+    top: usize,
+) -> Result<QueueStatus> {
+    validate_queue(queue)?;
+    let (small, unfinished) =
+        db::admin::status::queue_figures(conn, layout, queue, COUNT_CAP, top as i64, RUNNER_ALIVE)
+            .await?;
+    let total = capped(
+        if unfinished.capped {
+            COUNT_CAP
+        } else {
+            unfinished.total
+        },
+        small.queued_est,
+    );
+    let retrying = capped(small.retrying, None);
+    let waiting = (total.value - small.running - retrying.value).max(0);
+    let largest_backlogs = match unfinished.top {
+        Some(top) => serde_json::from_value(top).map_err(|err| {
+            crate::Error::InvalidArgument(format!("unexpected backlog summary: {err}"))
+        })?,
+        None => Vec::new(),
+    };
+    Ok(QueueStatus {
+        queue: queue.to_owned(),
+        paused: small.paused,
+        failure_policy: small.policy.parse().unwrap_or_default(),
+        queued: Count {
+            value: waiting,
+            exact: total.exact,
+        },
+        running: small.running,
+        retrying,
+        failed: capped(small.failed, small.failed_est),
+        succeeded: small.succeeded_est.map(estimate),
+        cancelled: small.cancelled_est.map(estimate),
+        oldest_queued_age: unfinished.oldest_age_us.map(age_from_micros),
+        blocked_groups: small.blocked.into(),
+        largest_backlogs,
+        largest_backlogs_exact: !unfinished.capped,
+        runners: small.runners,
+        limits: super::queue_limits::read(conn, queue).await?,
+    })
 }
 
 /// The status of every known queue ([`queues`]), or of `only` these.
@@ -224,13 +229,14 @@ pub async fn status(
     top: usize,
 ) -> Result<Vec<QueueStatus>> {
     pinned(conn, async |conn| {
+        let layout = db::citus::layout(conn).await?;
         let names = match only {
             Some(names) => names.to_vec(),
-            None => queues(conn).await?,
+            None => db::admin::status::queues(conn, layout, RUNNER_ALIVE).await?,
         };
         let mut out = Vec::with_capacity(names.len());
         for name in &names {
-            out.push(queue_status(conn, name, top).await?);
+            out.push(status_in(conn, layout, name, top).await?);
         }
         Ok(out)
     })

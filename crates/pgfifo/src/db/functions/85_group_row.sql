@@ -52,7 +52,11 @@ BEGIN
     burst := l.burst;
     concurrency := l.concurrency;
     weight := l.weight;
-    tokens := pgfifo.group_tokens(p_queue, p_group, now());
+    -- (pgfifo.group_tokens, with the limits read above.)
+    IF l.rate_count IS NOT NULL THEN
+        tokens := pgfifo.bucket_tokens(p_queue, p_group, now(), l.rate_count,
+                                       l.rate_period_ms, l.burst);
+    END IF;
     group_id := p_group;
     SELECT g.head_id, j.state,
            g.ready_at IS NOT NULL,
