@@ -1,7 +1,7 @@
 //! Group concurrency N and the failure policy 'hold' on the cluster, with
-//! pgfifo unchanged on the coordinator (see `coordinator`); and the policy
-//! on the distributed layout, where group limits are refused (not ported
-//! yet).
+//! pgfifo unchanged on the coordinator (see `coordinator`) and on the
+//! distributed layout (more of the group limits there in
+//! `distributed_controls`).
 
 use pgfifo::admin::FailurePolicy;
 use pgfifo::migrate::Layout;
@@ -19,7 +19,7 @@ async fn group_concurrency_three_and_a_held_group() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
-async fn a_held_group_on_the_distributed_layout() {
+async fn the_same_on_the_distributed_layout() {
     limits_and_hold(Layout::Distributed).await;
 }
 
@@ -28,26 +28,16 @@ async fn limits_and_hold(layout: Layout) {
     let url = cluster.url();
 
     // Group "wide" runs up to 3 jobs at once, in FIFO start order: no job
-    // finishes before an older one has begun. The distributed layout
-    // refuses group limits, naming them.
-    let limited = pgfifo::admin::set_group_limits(
+    // finishes before an older one has begun.
+    pgfifo::admin::set_group_limits(
         &mut conn,
         "citus",
         "wide",
         GroupLimits::new().concurrency(3),
     )
-    .await;
-    let wide_jobs = match layout {
-        Layout::Plain => {
-            limited.expect("limits");
-            12
-        }
-        Layout::Distributed => {
-            let refused = limited.expect_err("group limits on the distributed layout");
-            assert!(refused.to_string().contains("group controls"), "{refused}");
-            0
-        }
-    };
+    .await
+    .expect("limits");
+    let wide_jobs = 12;
     let wide = (0..wide_jobs).map(|seq| {
         let job = LogJob {
             group: "wide".into(),
@@ -91,9 +81,7 @@ async fn limits_and_hold(layout: Layout) {
         wide_jobs + 2,
     )
     .await;
-    if wide_jobs > 0 {
-        wide_checks(&mut conn).await;
-    }
+    wide_checks(&mut conn).await;
     hold_checks(&mut conn, layout).await;
 
     // Back to 'continue': the held group is released and goes on.

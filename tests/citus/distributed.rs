@@ -61,6 +61,30 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     .await
     .expect("a paused group and a controlled one");
 
+    // Weights do not run on the distributed layout: a database that has
+    // one is refused, naming its queue, and keeps its layout.
+    conn.batch_execute(
+        "SELECT pgfifo.set_group_control('citus', 'g009', NULL, NULL, NULL, NULL, 3)",
+    )
+    .await
+    .expect("a weight");
+    let refused = migrate::distribute(&mut conn)
+        .await
+        .expect_err("distribute with a weight set");
+    assert!(
+        refused.to_string().contains("weights") && refused.to_string().contains("citus"),
+        "{refused}"
+    );
+    assert_eq!(
+        migrate::layout(&mut conn).await.expect("layout"),
+        Layout::Plain
+    );
+    conn.batch_execute(
+        "SELECT pgfifo.set_group_control('citus', 'g009', NULL, NULL, NULL, p_reset => true)",
+    )
+    .await
+    .expect("no weight");
+
     assert_eq!(
         migrate::distribute(&mut conn).await.expect("distribute"),
         Distributed::Now
@@ -81,7 +105,6 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         "job_run",
         "group_pause",
         "group_wake",
-        "group_control",
         "group_bucket",
         "group_slot",
         "group_snooze",
@@ -108,6 +131,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         "queue_control",
         "queue_slot",
         "queue_bucket",
+        "group_control",
     ] {
         assert!(
             layout.contains(&format!("pgfifo.{reference} - n")),
@@ -150,13 +174,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         .await,
         0
     );
-    for table in [
-        "queue_group",
-        "group_wake",
-        "group_pause",
-        "group_control",
-        "group_slot",
-    ] {
+    for table in ["queue_group", "group_wake", "group_pause", "group_slot"] {
         assert_eq!(
             scalar(
                 &mut conn,
@@ -285,13 +303,25 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     .await
     .expect_err("a runner with queue limits on the distributed layout");
     assert!(refused.to_string().contains("queue limits"), "{refused}");
-    let refused =
-        diesel::sql_query("SELECT pgfifo.set_group_control('citus', 'g009', NULL, NULL, NULL, 2)")
-            .execute(&mut conn)
-            .await
-            .expect_err("group controls on the distributed layout");
+    // The group limits set before came along (a reference table); a
+    // weight is refused, naming it.
+    assert_eq!(
+        text(
+            &mut conn,
+            "SELECT string_agg(group_id || ':' || concurrency, ',') FROM pgfifo.group_control"
+        )
+        .await
+        .as_deref(),
+        Some("g008:2")
+    );
+    let refused = diesel::sql_query(
+        "SELECT pgfifo.set_group_control('citus', 'g009', NULL, NULL, NULL, NULL, 2)",
+    )
+    .execute(&mut conn)
+    .await
+    .expect_err("weights on the distributed layout");
     assert!(
-        refused.to_string().contains("group controls")
+        refused.to_string().contains("weights")
             && refused.to_string().contains("distributed layout"),
         "{refused}"
     );

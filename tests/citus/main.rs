@@ -9,11 +9,15 @@
 //!   unchanged (its tables stay on the coordinator), with the guarantees
 //!   that matter checked through the public API.
 //!   `coordinator` also runs the same on the distributed layout.
-//! * `controls`: a group of concurrency 3 and the failure policy 'hold'
-//!   (the policy on the distributed layout too, which refuses group limits).
+//! * `controls`: a group of concurrency 3 and the failure policy 'hold',
+//!   on both layouts.
 //! * `distributed`: `pgfifo::migrate::distribute` lays out a queue over the
 //!   cluster: each table distributed, co-located or copied as designed,
 //!   every row on its group's part, the jobs spread over both workers.
+//! * `distributed_controls`: group limits on the distributed layout: a
+//!   queue's default rate, a group's own rate changed while it waits, a
+//!   concurrency of 2, the operator's reads, the cleaning of a gone group's
+//!   bucket and slots; weights refuse.
 //! * `distributed_enqueue`: enqueue on the distributed layout, and that a
 //!   single enqueue's statements each touch its group's shard.
 //! * `distributed_admin`: cancel, skip-head, retry and a paused queue on
@@ -48,6 +52,7 @@ mod coordinator;
 mod dashboard_support;
 mod distributed;
 mod distributed_admin;
+mod distributed_controls;
 mod distributed_drain;
 mod distributed_enqueue;
 mod distributed_reads;

@@ -242,16 +242,17 @@ pub enum Distributed {
 /// copies every row, so run it with runners stopped.
 ///
 /// **Work in progress** (issue 31): enqueue, the runner's cycle (promote,
-/// pick, attempts, completion), pausing, the operator's reads and
-/// actions, retention and schedules run on the distributed layout; group
-/// controls, queue limits, batches, dependencies, windows, long mode and
-/// the SQL enqueue API refuse there, naming what is missing. Hidden until
-/// they run.
+/// pick, attempts, completion), pausing, group limits (rate, burst,
+/// concurrency), the operator's reads and actions, retention, schedules
+/// and the SQL enqueue API run on the distributed layout; weights, queue
+/// limits, batches, dependencies, windows and long mode refuse there,
+/// naming what is missing. Hidden until they run.
 ///
 /// Fails, changing nothing, with [`Error::CitusMissing`] when the database
-/// has no citus extension, [`Error::CitusWorker`] on a worker node, and
+/// has no citus extension, [`Error::CitusWorker`] on a worker node,
 /// [`Error::SchemaOutdated`] or [`Error::FunctionsDiffer`] unless this
-/// library's [`migrate`] ran first.
+/// library's [`migrate`] ran first, and [`Error::NotDistributed`] when a
+/// group's weight above 1 is set.
 #[doc(hidden)]
 pub async fn distribute(conn: &mut AsyncPgConnection) -> Result<Distributed> {
     conn.transaction::<_, Error, _>(async |conn| {
@@ -276,6 +277,11 @@ pub async fn distribute(conn: &mut AsyncPgConnection) -> Result<Distributed> {
             functions_status(conn, Layout::Plain).await?
         {
             return Err(Error::FunctionsDiffer { installed_by });
+        }
+        if let Some(queues) = db::citus::weighted_queues(conn).await? {
+            return Err(Error::NotDistributed(format!(
+                "weights (group controls), set in {queues}; set them back to 1 first"
+            )));
         }
         db::citus::distribute(conn).await?;
         install_functions(conn, Layout::Distributed, true).await?;

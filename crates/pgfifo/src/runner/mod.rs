@@ -149,7 +149,7 @@ impl std::fmt::Debug for RunnerHandle {
 }
 
 /// On the distributed layout, fails for what it does not run yet
-/// (docs/scaling.md), naming it: a served job type in long mode, group
+/// (docs/scaling.md), naming it: a served job type in long mode, weights
 /// and queue limits in the configuration.
 fn refuse_on_distributed(
     registry: &Registry,
@@ -157,8 +157,12 @@ fn refuse_on_distributed(
     config: &RunnerConfig,
 ) -> Result<()> {
     let refuse = |what: &str| Err(Error::NotDistributed(what.to_owned()));
-    if !config.group_limits.is_empty() {
-        return refuse("group limits (RunnerConfig::group_limits)");
+    if config
+        .group_limits
+        .iter()
+        .any(|(_, limits)| limits.weight.is_some_and(|w| w > 1))
+    {
+        return refuse("weights (RunnerConfig::group_limits)");
     }
     if !config.queue_limits.is_empty() {
         return refuse("queue limits (RunnerConfig::queue_limits)");

@@ -9,14 +9,17 @@
 --  * a group's rows, distributed by part and co-located with
 --    pgfifo.queue_group, so that a group's row, its jobs, their attempts,
 --    trace contexts, batch membership and dependencies, its pause, wake-up,
---    controls, rate bucket, slots, snooze, share and long run share one
---    shard. An ungrouped job's part is that of its unique key, or its id
---    modulo 1024 (pgfifo.job_part). A dedup window's part is that of its
---    queue and key, as if the key were a group.
+--    rate bucket, slots, snooze, share and long run share one shard. An
+--    ungrouped job's part is that of its unique key, or its id modulo 1024
+--    (pgfifo.job_part). A dedup window's part is that of its queue and key,
+--    as if the key were a group.
 --  * the batches' own rows (batch, batch_shard, batch_callback),
 --    distributed by batch id in a colocation group of their own;
 --  * small tables read everywhere and written rarely (queue settings and
---    limits), reference tables: a copy on every node.
+--    limits, group limits), reference tables: a copy on every node. Group
+--    limits are among them: every pick in a queue reads whether it has any,
+--    and its queue's defaults, which would otherwise be on one shard for all
+--    its groups; an operator writes them, rarely.
 -- The runners' registry, the per-minute counts, the schedules and their
 -- ticks, and the schema's bookkeeping stay ordinary tables on the
 -- coordinator: only the coordinator's sessions read or write them (a
@@ -45,7 +48,6 @@ SELECT 'distributed', 1024, extversion FROM pg_extension WHERE extname = 'citus'
 ALTER TABLE pgfifo.queue_group   ADD COLUMN part integer;
 ALTER TABLE pgfifo.group_pause   ADD COLUMN part integer;
 ALTER TABLE pgfifo.group_wake    ADD COLUMN part integer;
-ALTER TABLE pgfifo.group_control ADD COLUMN part integer;
 ALTER TABLE pgfifo.group_bucket  ADD COLUMN part integer;
 ALTER TABLE pgfifo.group_slot    ADD COLUMN part integer;
 ALTER TABLE pgfifo.group_snooze  ADD COLUMN part integer;
@@ -62,7 +64,6 @@ ALTER TABLE pgfifo.job_window    ADD COLUMN part integer;
 UPDATE pgfifo.queue_group   SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_pause   SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_wake    SET part = pgfifo.part_of(queue, group_id);
-UPDATE pgfifo.group_control SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_bucket  SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_slot    SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_snooze  SET part = pgfifo.part_of(queue, group_id);
@@ -88,7 +89,6 @@ UPDATE pgfifo.job_wait AS t SET part = coalesce(
 ALTER TABLE pgfifo.queue_group   ALTER COLUMN part SET NOT NULL;
 ALTER TABLE pgfifo.group_pause   ALTER COLUMN part SET NOT NULL;
 ALTER TABLE pgfifo.group_wake    ALTER COLUMN part SET NOT NULL;
-ALTER TABLE pgfifo.group_control ALTER COLUMN part SET NOT NULL;
 ALTER TABLE pgfifo.group_bucket  ALTER COLUMN part SET NOT NULL;
 ALTER TABLE pgfifo.group_slot    ALTER COLUMN part SET NOT NULL;
 ALTER TABLE pgfifo.group_snooze  ALTER COLUMN part SET NOT NULL;
@@ -106,8 +106,6 @@ ALTER TABLE pgfifo.job_window    ALTER COLUMN part SET NOT NULL;
 ALTER TABLE pgfifo.queue_group DROP CONSTRAINT queue_group_pkey,
     ADD PRIMARY KEY (part, queue, group_id);
 ALTER TABLE pgfifo.group_pause DROP CONSTRAINT group_pause_pkey,
-    ADD PRIMARY KEY (part, queue, group_id);
-ALTER TABLE pgfifo.group_control DROP CONSTRAINT group_control_pkey,
     ADD PRIMARY KEY (part, queue, group_id);
 ALTER TABLE pgfifo.group_bucket DROP CONSTRAINT group_bucket_pkey,
     ADD PRIMARY KEY (part, queue, group_id);
@@ -137,7 +135,7 @@ ALTER TABLE pgfifo.job_window DROP CONSTRAINT job_window_pkey, ADD PRIMARY KEY (
 -- Spread.
 SELECT create_distributed_table('pgfifo.queue_group', 'part', shard_count := 32);
 SELECT create_distributed_table('pgfifo.' || t, 'part', colocate_with := 'pgfifo.queue_group')
-FROM unnest(ARRAY['group_pause', 'group_wake', 'group_control', 'group_bucket', 'group_slot',
+FROM unnest(ARRAY['group_pause', 'group_wake', 'group_bucket', 'group_slot',
                   'group_snooze', 'group_share', 'job', 'job_run', 'job_attempt', 'job_trace',
                   'batch_job', 'job_dependency', 'job_wait', 'job_window']) AS t;
 SELECT create_distributed_table('pgfifo.batch', 'id', shard_count := 32, colocate_with := 'none');
@@ -158,4 +156,4 @@ GROUP BY get_shard_id_for_distribution_column('pgfifo.queue_group', p);
 
 SELECT create_reference_table('pgfifo.' || t)
 FROM unnest(ARRAY['queue_setting', 'queue_control', 'queue_slot', 'queue_bucket',
-                  'layout_shard']) AS t;
+                  'group_control', 'layout_shard']) AS t;

@@ -65,6 +65,21 @@ pub(crate) async fn on_worker(conn: &mut AsyncPgConnection) -> diesel::QueryResu
     Ok(row.found.as_deref() == Some("true"))
 }
 
+/// The queues where a group's weight above 1 is set (weights do not run on
+/// the distributed layout: a queue's shares are compared across all its
+/// groups, on every shard), in order, joined with ", "; `None` if none.
+pub(crate) async fn weighted_queues(
+    conn: &mut AsyncPgConnection,
+) -> diesel::QueryResult<Option<String>> {
+    let row: Found = diesel::sql_query(
+        "SELECT string_agg(DISTINCT queue, ', ' ORDER BY queue) AS found \
+         FROM pgfifo.group_control WHERE weight > 1",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.found)
+}
+
 /// Lays the tables out over the cluster (`distribute.sql`), in the
 /// caller's transaction.
 pub(crate) async fn distribute(conn: &mut AsyncPgConnection) -> diesel::QueryResult<()> {

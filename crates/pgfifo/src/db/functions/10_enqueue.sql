@@ -106,15 +106,25 @@ BEGIN
         -- poll would find it. (At concurrency 1 the next job waits for the
         -- head, and the runner finds it when the head completes.)
         -- (In one statement with the group's row; in a branch, so that a
-        -- schema without group controls never plans it. Not in the
-        -- distributed layout, where group controls are not ported yet.)
-        IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
+        -- schema without group controls never plans it. Distributed: the
+        -- limits, a reference table, are read apart, on this node.)
+        IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
+            /*@plain*/
             SELECT g.ready_at IS NOT NULL,
                    EXISTS (SELECT 1 FROM pgfifo.group_control AS c
                            WHERE c.queue = g.queue AND c.group_id IN ('', g.group_id)
                              AND c.concurrency > 1)
             INTO v_active, v_wide FROM pgfifo.queue_group AS g
             WHERE g.queue = p_queue[1] AND g.group_id = p_group[1];
+            /*@end*/
+            /*@dist
+            SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
+            WHERE g.queue = p_queue[1] AND g.group_id = p_group[1]
+              AND g.part = pgfifo.part_of(p_queue[1], p_group[1]);
+            v_wide := EXISTS (SELECT 1 FROM pgfifo.group_control AS c
+                              WHERE c.queue = p_queue[1] AND c.group_id IN ('', p_group[1])
+                                AND c.concurrency > 1);
+            */
         ELSE
             SELECT g.ready_at IS NOT NULL INTO v_active FROM pgfifo.queue_group AS g
             WHERE g.queue = p_queue[1] AND g.group_id = p_group[1]
@@ -275,8 +285,8 @@ BEGIN
     PERFORM pg_notify('pgfifo_groups', q) FROM unnest(v_notify) AS q;
     -- And once per queue with a group whose concurrency may be above 1, as
     -- in the one-job path above: an active one may start a new job beside
-    -- its running ones (not in the distributed layout, as above).
-    IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
+    -- its running ones.
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
         PERFORM pg_notify('pgfifo', s.q)
         FROM (SELECT DISTINCT t.q FROM unnest(v_gq, v_gg) AS t(q, g)
               JOIN pgfifo.group_control AS c

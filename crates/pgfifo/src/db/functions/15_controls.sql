@@ -36,15 +36,9 @@ CREATE OR REPLACE FUNCTION pgfifo.group_limits(
 )
 LANGUAGE plpgsql STABLE
 AS $$
-/*@dist
-DECLARE
-    v_part  integer := pgfifo.part_of(p_queue, p_group);
-    v_dpart integer := pgfifo.part_of(p_queue, '');
-    d record;
-    g record;
-*/
 BEGIN
-    /*@plain*/
+    -- (Distributed: pgfifo.group_control is a reference table, read on
+    -- the node that runs this.)
     SELECT coalesce(g.rate_count, d.rate_count),
            CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms ELSE d.rate_period_ms END,
            coalesce(g.burst, d.burst, g.rate_count, d.rate_count),
@@ -54,23 +48,6 @@ BEGIN
     FROM (SELECT) AS one
     LEFT JOIN pgfifo.group_control AS d ON d.queue = p_queue AND d.group_id = ''
     LEFT JOIN pgfifo.group_control AS g ON g.queue = p_queue AND g.group_id = p_group;
-    /*@end*/
-    /*@dist
-    -- The queue's defaults and the group's own row are on two parts (two
-    -- shards, perhaps two nodes): one routed read each.
-    SELECT c.rate_count, c.rate_period_ms, c.burst, c.concurrency, c.weight INTO d
-    FROM pgfifo.group_control AS c
-    WHERE c.part = v_dpart AND c.queue = p_queue AND c.group_id = '';
-    SELECT c.rate_count, c.rate_period_ms, c.burst, c.concurrency, c.weight INTO g
-    FROM pgfifo.group_control AS c
-    WHERE c.part = v_part AND c.queue = p_queue AND c.group_id = p_group;
-    rate_count := coalesce(g.rate_count, d.rate_count);
-    rate_period_ms := CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms
-                           ELSE d.rate_period_ms END;
-    burst := coalesce(g.burst, d.burst, g.rate_count, d.rate_count);
-    concurrency := coalesce(g.concurrency, d.concurrency, 1);
-    weight := coalesce(g.weight, d.weight, 1);
-    */
 END
 $$;
 
@@ -83,15 +60,19 @@ CREATE OR REPLACE FUNCTION pgfifo.bucket_tokens(
     p_rate_count integer, p_rate_period_ms bigint, p_burst integer
 )
 RETURNS double precision
-LANGUAGE sql STABLE
+-- (Distributed: PL/pgSQL, since Citus does not plan an SQL function's
+-- statements with parameters, with the bucket's part in a variable.)
+LANGUAGE /*@plain*/ sql /*@end*/ /*@dist plpgsql */ STABLE
 AS $$
-    SELECT coalesce(
+    /*@dist DECLARE v_part integer := pgfifo.part_of(p_queue, p_group); BEGIN */
+    /*@plain*/ SELECT /*@end*/ /*@dist RETURN */ coalesce(
         (SELECT least(p_burst::double precision,
                       b.tokens + greatest(extract(epoch FROM p_now - b.at), 0)
                                  * 1000.0 * p_rate_count / p_rate_period_ms)
          FROM pgfifo.group_bucket AS b
-         WHERE b.queue = p_queue AND b.group_id = p_group),
+         WHERE b.queue = p_queue AND b.group_id = p_group /*@dist AND b.part = v_part */),
         p_burst::double precision)
+    /*@dist ; END */
 $$;
 
 -- When a group with that rate limit may next start a job: p_now if its
@@ -156,12 +137,16 @@ $$;
 -- group had no token left: they must not start. (That happens when several
 -- jobs of a group with concurrency above 1 were picked for one token, or
 -- when the limits changed since the pick looked.) The bucket row's lock
--- orders concurrent takes of one group.
-CREATE OR REPLACE FUNCTION pgfifo.take_start_tokens(p_ids bigint[], p_now timestamptz)
+-- orders concurrent takes of one group. (Distributed: p_parts holds the
+-- jobs' parts, so that the read of the jobs goes to their shards only;
+-- each group's statements name its part.)
+CREATE OR REPLACE FUNCTION pgfifo.take_start_tokens(p_ids bigint[], p_now timestamptz
+                                                    /*@dist , p_parts integer[] */)
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    /*@dist v_part integer; */
     v_job     record;
     v_now     timestamptz := p_now;
     v_tokens  double precision;
@@ -171,13 +156,15 @@ DECLARE
     v_weighted boolean := false;
 BEGIN
     FOR v_job IN
-        SELECT j.id, j.queue, j.group_id FROM pgfifo.job AS j
+        SELECT j.id, j.queue, j.group_id /*@dist , j.part */ FROM pgfifo.job AS j
         WHERE j.id = ANY (p_ids) AND j.group_id IS NOT NULL
           AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
+          /*@dist AND j.part = ANY (p_parts) */
         -- (Buckets and shares are locked in one order by every caller: no
         -- deadlock.)
         ORDER BY j.queue, j.group_id, j.id
     LOOP
+        /*@dist v_part := v_job.part; */
         SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
         -- A start in a queue with weights counts towards its group's share.
         IF v_wq IS DISTINCT FROM v_job.queue THEN
@@ -198,11 +185,12 @@ BEGIN
         -- Lock the bucket first, so that the tokens read next are the
         -- newest. A group without one gets a full one now: two first takes
         -- must not both count from a full bucket.
-        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at)
-        VALUES (v_job.queue, v_job.group_id, v_rate.burst, v_now)
-        ON CONFLICT (queue, group_id) DO NOTHING;
+        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at /*@dist , part */)
+        VALUES (v_job.queue, v_job.group_id, v_rate.burst, v_now /*@dist , v_part */)
+        ON CONFLICT (/*@dist part, */ queue, group_id) DO NOTHING;
         PERFORM 1 FROM pgfifo.group_bucket AS b
-        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
+        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id /*@dist AND b.part = v_part */
+        FOR UPDATE;
         v_tokens := pgfifo.bucket_tokens(v_job.queue, v_job.group_id, v_now, v_rate.rate_count,
                                          v_rate.rate_period_ms, v_rate.burst);
         -- With a concurrency above 1, tokens go in FIFO order: a job does not
@@ -213,10 +201,11 @@ BEGIN
         IF v_rate.concurrency > 1 AND EXISTS (
                SELECT 1 FROM pgfifo.job AS k
                WHERE k.queue = v_job.queue AND k.group_id = v_job.group_id
-                 AND k.state = 'queued' AND k.id < v_job.id
+                 AND k.state = 'queued' AND k.id < v_job.id /*@dist AND k.part = v_part */
                  AND NOT (k.id = ANY (p_ids) AND k.id <> ALL (v_refused))
                  AND NOT EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
-                                 WHERE a.job_id = k.id AND a.finished_at IS NULL)) THEN
+                                 WHERE a.job_id = k.id AND a.finished_at IS NULL
+                                   /*@dist AND a.part = v_part */)) THEN
             v_refused := v_refused || v_job.id;
             CONTINUE;
         END IF;
@@ -227,9 +216,9 @@ BEGIN
         -- (A take that waited for the bucket's lock may read an older
         -- clock than the take before it wrote: the bucket's time never goes
         -- back, or the refill since would be counted twice.)
-        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at)
-        VALUES (v_job.queue, v_job.group_id, v_tokens - 1, v_now)
-        ON CONFLICT (queue, group_id) DO UPDATE
+        INSERT INTO pgfifo.group_bucket AS b (queue, group_id, tokens, at /*@dist , part */)
+        VALUES (v_job.queue, v_job.group_id, v_tokens - 1, v_now /*@dist , v_part */)
+        ON CONFLICT (/*@dist part, */ queue, group_id) DO UPDATE
         SET tokens = excluded.tokens, at = greatest(b.at, excluded.at);
         IF v_weighted THEN
             PERFORM pgfifo.charge_share(v_job.queue, v_job.group_id, v_rate.weight, 1);
@@ -255,6 +244,7 @@ DECLARE
     v_n      integer := 0;
     v_wq     text;
     v_weighted boolean := false;
+    /*@dist v_part integer; */
 BEGIN
     -- Queue tokens first (the order in which start_attempts locks buckets).
     -- (In a branch: after `migrate down`, queue limits are gone.)
@@ -278,12 +268,14 @@ BEGIN
             DELETE FROM pgfifo.job_attempt AS a
             USING unnest(p_ids, p_attempts) AS t(job_id, attempt)
             WHERE a.job_id = t.job_id AND a.attempt = t.attempt
-            RETURNING a.job_id)
-        SELECT j.queue, j.group_id FROM gone JOIN pgfifo.job AS j ON j.id = gone.job_id
+            RETURNING a.job_id /*@dist , a.part */)
+        SELECT j.queue, j.group_id /*@dist , j.part */
+        FROM gone JOIN pgfifo.job AS j ON j.id = gone.job_id /*@dist AND j.part = gone.part */
         ORDER BY j.queue, j.group_id, j.id
     LOOP
         v_n := v_n + 1;
         CONTINUE WHEN v_job.group_id IS NULL;
+        /*@dist v_part := v_job.part; */
         SELECT * INTO v_rate FROM pgfifo.group_limits(v_job.queue, v_job.group_id);
         IF v_wq IS DISTINCT FROM v_job.queue THEN
             v_wq := v_job.queue;
@@ -299,12 +291,13 @@ BEGIN
         END IF;
         CONTINUE WHEN v_rate.rate_count IS NULL;
         PERFORM 1 FROM pgfifo.group_bucket AS b
-        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id FOR UPDATE;
+        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id /*@dist AND b.part = v_part */
+        FOR UPDATE;
         v_tokens := pgfifo.bucket_tokens(v_job.queue, v_job.group_id, v_now, v_rate.rate_count,
                                          v_rate.rate_period_ms, v_rate.burst);
         UPDATE pgfifo.group_bucket AS b
         SET tokens = least(v_tokens + 1, v_rate.burst), at = greatest(b.at, v_now)
-        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id;
+        WHERE b.queue = v_job.queue AND b.group_id = v_job.group_id /*@dist AND b.part = v_part */;
     END LOOP;
     RETURN v_n;
 END
@@ -330,6 +323,7 @@ $$;
 
 -- Creates the slot rows 0 .. p_n - 1 of a group that are missing. Never
 -- waits: rows that exist (locked by running jobs or not) are left alone.
+/*@plain*/
 CREATE OR REPLACE FUNCTION pgfifo.ensure_slots(p_queue text, p_group text, p_n integer)
 RETURNS void
 LANGUAGE sql
@@ -340,6 +334,31 @@ BEGIN ATOMIC
                       WHERE x.queue = p_queue AND x.group_id = p_group AND x.slot = s.n)
     ON CONFLICT DO NOTHING;
 END;
+/*@end*/
+-- Distributed: PL/pgSQL with the group's part in a variable (Citus does not
+-- plan an SQL function's statements with parameters). The group's slots
+-- are counted first, on its shard; only a group short of some is sent the
+-- insert, whose rows Citus builds on the coordinator and routes.
+/*@dist
+CREATE OR REPLACE FUNCTION pgfifo.ensure_slots(p_queue text, p_group text, p_n integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_part integer := pgfifo.part_of(p_queue, p_group);
+    v_n    integer := least(p_n, 1000);
+BEGIN
+    IF (SELECT count(*) FROM pgfifo.group_slot AS x
+        WHERE x.part = v_part AND x.queue = p_queue AND x.group_id = p_group
+          AND x.slot < v_n) >= v_n THEN
+        RETURN;
+    END IF;
+    INSERT INTO pgfifo.group_slot (queue, group_id, slot, part)
+    SELECT p_queue, p_group, s.n::smallint, v_part FROM generate_series(0, v_n - 1) AS s(n)
+    ON CONFLICT DO NOTHING;
+END
+$$;
+*/
 
 -- Refuses a group's limits that no group could have: an empty group name
 -- (NULL names the queue's defaults), a rate without both its count and
@@ -378,7 +397,9 @@ CREATE OR REPLACE FUNCTION pgfifo.apply_group_control(p_queue text, p_group text
 RETURNS void
 LANGUAGE plpgsql
 AS $$
+/*@dist DECLARE v_now timestamptz := now(); */
 BEGIN
+    /*@plain*/
     PERFORM pgfifo.ensure_slots(g.queue, g.group_id, l.concurrency)
     FROM pgfifo.queue_group AS g
     CROSS JOIN LATERAL pgfifo.group_limits(g.queue, g.group_id) AS l
@@ -394,6 +415,36 @@ BEGIN
     SELECT g.queue, g.group_id FROM pgfifo.queue_group AS g
     WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
       AND g.ready_at > now();
+    /*@end*/
+    -- Distributed: the same three statements, each run on every shard at
+    -- once (the limits, in the reference table pgfifo.group_control, are
+    -- joined where the groups are, as pgfifo.group_limits combines them;
+    -- Citus calls no function of pgfifo's on a worker).
+    /*@dist
+    INSERT INTO pgfifo.group_slot (queue, group_id, slot, part)
+    SELECT g.queue, g.group_id, s.n::smallint, g.part
+    FROM pgfifo.queue_group AS g
+    LEFT JOIN pgfifo.group_control AS d ON d.queue = g.queue AND d.group_id = ''
+    LEFT JOIN pgfifo.group_control AS c ON c.queue = g.queue AND c.group_id = g.group_id
+    CROSS JOIN LATERAL generate_series(
+        0, least(coalesce(c.concurrency, d.concurrency, 1), 1000) - 1) AS s(n)
+    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
+      AND coalesce(c.concurrency, d.concurrency, 1) > 1
+    ON CONFLICT DO NOTHING;
+    UPDATE pgfifo.group_bucket AS b SET tokens = r.burst
+    FROM (SELECT o.part, o.queue, o.group_id, o.tokens,
+                 coalesce(c.burst, d.burst, c.rate_count, d.rate_count) AS burst
+          FROM pgfifo.group_bucket AS o
+          LEFT JOIN pgfifo.group_control AS d ON d.queue = o.queue AND d.group_id = ''
+          LEFT JOIN pgfifo.group_control AS c ON c.queue = o.queue AND c.group_id = o.group_id
+          WHERE o.queue = p_queue AND (p_group IS NULL OR o.group_id = p_group)) AS r
+    WHERE b.part = r.part AND b.queue = r.queue AND b.group_id = r.group_id
+      AND r.burst IS NOT NULL AND r.tokens > r.burst;
+    INSERT INTO pgfifo.group_wake (queue, group_id, part)
+    SELECT g.queue, g.group_id, g.part FROM pgfifo.queue_group AS g
+    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
+      AND g.ready_at > v_now;
+    */
     IF FOUND THEN
         PERFORM pg_notify('pgfifo_groups', p_queue);
     END IF;
@@ -422,8 +473,15 @@ AS $$
 DECLARE
     v_key   text := coalesce(p_group, '');
     v_found boolean;
+    -- (Distributed: Citus takes only immutable functions in the upsert's
+    -- DO UPDATE of a reference table.)
+    /*@dist v_now timestamptz := now(); */
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('group controls (limits, concurrency, weights)'); */
+    /*@dist
+    IF p_weight > 1 THEN
+        PERFORM pgfifo.not_distributed('weights (group controls)');
+    END IF;
+    */
     PERFORM pgfifo.check_group_control(p_group, p_rate_count, p_rate_period_ms);
     SELECT true INTO v_found FROM pgfifo.group_control AS c
     WHERE c.queue = p_queue AND c.group_id = v_key FOR UPDATE;
@@ -436,7 +494,7 @@ BEGIN
         ON CONFLICT (queue, group_id) DO UPDATE
         SET rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms,
             burst = excluded.burst, concurrency = excluded.concurrency,
-            weight = excluded.weight, updated_at = now();
+            weight = excluded.weight, updated_at = /*@plain*/ now() /*@end*/ /*@dist v_now */;
     END IF;
     PERFORM pgfifo.apply_group_control(p_queue, p_group);
     RETURN coalesce(v_found, false);
@@ -469,8 +527,13 @@ DECLARE
     v_rate boolean := 'rate' = ANY (p_change);
     v_row  pgfifo.group_control;
     v_bad  text;
+    /*@dist v_now timestamptz := now(); */
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('group controls (limits, concurrency, weights)'); */
+    /*@dist
+    IF 'weight' = ANY (p_change) AND p_weight > 1 THEN
+        PERFORM pgfifo.not_distributed('weights (group controls)');
+    END IF;
+    */
     SELECT c INTO v_bad FROM unnest(p_change) AS c
     WHERE c NOT IN ('rate', 'burst', 'concurrency', 'weight') LIMIT 1;
     IF v_bad IS NOT NULL THEN
@@ -493,7 +556,7 @@ BEGIN
         concurrency = CASE WHEN 'concurrency' = ANY (p_change) THEN excluded.concurrency
                            ELSE c.concurrency END,
         weight = CASE WHEN 'weight' = ANY (p_change) THEN excluded.weight ELSE c.weight END,
-        updated_at = now()
+        updated_at = /*@plain*/ now() /*@end*/ /*@dist v_now */
     RETURNING c.* INTO v_row;
     IF num_nulls(v_row.rate_count, v_row.burst, v_row.concurrency, v_row.weight) = 4 THEN
         DELETE FROM pgfifo.group_control AS c WHERE c.queue = p_queue AND c.group_id = v_key;
@@ -523,31 +586,43 @@ AS $$
 DECLARE
     v_n    bigint := 0;
     v_rows bigint;
-    /*@dist v_cand record; v_part integer; */
+    /*@dist v_cand record; v_table text; v_lim record; */
 BEGIN
     /*@dist
-    -- Distributed: group limits and weights refuse on this layout, so of
-    -- these tables only snoozes have rows. The orphans are read from every
-    -- shard without locks, then each deleted by a statement that names its
-    -- part, checked again under FOR UPDATE SKIP LOCKED.
-    FOR v_cand IN
-        SELECT x.part, x.queue, x.group_id FROM pgfifo.group_snooze AS x
-        WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                          WHERE g.part = x.part AND g.queue = x.queue
-                            AND g.group_id = x.group_id)
-        LIMIT p_limit
-    LOOP
-        v_part := v_cand.part;
-        DELETE FROM pgfifo.group_snooze AS z
-        WHERE z.part = v_part AND (z.queue, z.group_id) IN (
-            SELECT x.queue, x.group_id FROM pgfifo.group_snooze AS x
-            WHERE x.part = v_part AND x.queue = v_cand.queue AND x.group_id = v_cand.group_id
-              AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                              WHERE g.part = v_part AND g.queue = x.queue
-                                AND g.group_id = x.group_id)
-            FOR UPDATE SKIP LOCKED);
-        GET DIAGNOSTICS v_rows = ROW_COUNT;
-        v_n := v_n + v_rows;
+    -- Distributed: the orphans of each table are read from every shard
+    -- without locks, then each group's rows deleted by a statement that
+    -- names its part, checked again under FOR UPDATE SKIP LOCKED (Citus
+    -- routes a locking read only when its part is one constant). A bucket
+    -- is read before: it goes once refilled, as below. (Weights refuse on
+    -- this layout: it has no shares.)
+    FOREACH v_table IN ARRAY ARRAY['group_slot', 'group_bucket', 'group_snooze'] LOOP
+        FOR v_cand IN EXECUTE format(
+            'SELECT DISTINCT x.part, x.queue, x.group_id FROM pgfifo.%I AS x
+             WHERE NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                               WHERE g.part = x.part AND g.queue = x.queue
+                                 AND g.group_id = x.group_id)
+             LIMIT $1', v_table) USING p_limit
+        LOOP
+            IF v_table = 'group_bucket' THEN
+                SELECT * INTO v_lim FROM pgfifo.group_limits(v_cand.queue, v_cand.group_id);
+                CONTINUE WHEN v_lim.rate_count IS NOT NULL
+                              AND pgfifo.bucket_tokens(v_cand.queue, v_cand.group_id, now(),
+                                                       v_lim.rate_count, v_lim.rate_period_ms,
+                                                       v_lim.burst) < v_lim.burst - 1e-9;
+            END IF;
+            EXECUTE format(
+                'DELETE FROM pgfifo.%1$I AS z
+                 WHERE z.part = $1 AND (z.queue, z.group_id) IN (
+                     SELECT x.queue, x.group_id FROM pgfifo.%1$I AS x
+                     WHERE x.part = $1 AND x.queue = $2 AND x.group_id = $3
+                       AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                                       WHERE g.part = $1 AND g.queue = x.queue
+                                         AND g.group_id = x.group_id)
+                     FOR UPDATE SKIP LOCKED)', v_table)
+            USING v_cand.part, v_cand.queue, v_cand.group_id;
+            GET DIAGNOSTICS v_rows = ROW_COUNT;
+            v_n := v_n + v_rows;
+        END LOOP;
     END LOOP;
     RETURN v_n;
     */

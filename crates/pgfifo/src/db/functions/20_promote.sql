@@ -135,7 +135,7 @@ BEGIN
             CONTINUE;
         END IF;
         v_taken := v_taken + v_wake.n;
-        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */;
+        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
         IF v_controlled THEN
             v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c
                                     WHERE c.queue = v_wake.queue);

@@ -308,7 +308,7 @@ BEGIN
                 END IF;
             END IF;
         END IF;
-        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */;
+        v_controlled := to_regclass('pgfifo.group_control') IS NOT NULL;
         IF v_controlled THEN
             v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = v_q);
         END IF;
@@ -319,7 +319,10 @@ BEGIN
         END IF;
         -- Weights (see "Weights" above): after `migrate down` to a schema
         -- without shares, round robin as in a queue without them.
-        v_weighted := v_heaviest > 1 AND to_regclass('pgfifo.group_share') IS NOT NULL;
+        -- (Distributed: weights refuse on this layout, and distribute refuses
+        -- a database that has any.)
+        v_weighted := v_heaviest > 1 AND to_regclass('pgfifo.group_share') IS NOT NULL
+                      /*@dist AND false */;
         v_q_declined := false;
         v_next_turn := NULL;
         FOR v_kind IN 0 .. 1 LOOP
@@ -445,17 +448,20 @@ BEGIN
                                 END IF;
                                 -- A long run holds the whole group (its mark
                                 -- can be overwritten by a sibling's retry).
-                                IF to_regclass('pgfifo.job_run') IS NOT NULL THEN
+                                -- (Distributed: long mode refuses there.)
+                                IF to_regclass('pgfifo.job_run') IS NOT NULL /*@dist AND false */ THEN
                                     CONTINUE WHEN NOT pgfifo.long_run_free(v_q, v_cand.group_id, NULL);
                                 END IF;
                                 -- What decides whether the group may start a
                                 -- job now is read first, without locks.
                                 SELECT g.queue, g.group_id, g.head_id, g.slot, g.ready_at,
                                        EXISTS (SELECT 1 FROM pgfifo.group_pause AS p
-                                               WHERE p.queue = g.queue AND p.group_id = g.group_id) AS paused
+                                               WHERE p.queue = g.queue AND p.group_id = g.group_id
+                                                 /*@dist AND p.part = v_part */) AS paused
                                 INTO v_group
                                 FROM pgfifo.queue_group AS g
-                                WHERE g.queue = v_q AND g.group_id = v_cand.group_id;
+                                WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                                  /*@dist AND g.part = v_part */;
                                 CONTINUE WHEN NOT FOUND OR v_group.ready_at IS NULL OR v_group.ready_at > v_now
                                               OR v_group.head_id IS NULL;
                                 IF v_group.paused THEN
@@ -465,13 +471,15 @@ BEGIN
                                     CONTINUE WHEN v_count > 0;
                                     PERFORM 1 FROM pgfifo.queue_group AS g
                                     WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                                      /*@dist AND g.part = v_part */
                                     FOR UPDATE OF g SKIP LOCKED;
                                     CONTINUE WHEN NOT FOUND;
                                     IF pg_try_advisory_xact_lock(1885824614,
                                                                  pgfifo.group_lock_key(v_q, v_group.group_id)) THEN
                                         UPDATE pgfifo.queue_group AS g
                                         SET head_id = NULL, ready_at = NULL, idle_since = v_now
-                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                        WHERE g.queue = v_q AND g.group_id = v_group.group_id
+                                          /*@dist AND g.part = v_part */;
                                     END IF;
                                     RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
                                                         NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;
@@ -499,7 +507,7 @@ BEGIN
                                 INTO v_first, v_wait_id, v_fail_id
                                 FROM (SELECT j.id, j.run_after, j.attempts FROM pgfifo.job AS j
                                       WHERE j.queue = v_q AND j.group_id = v_cand.group_id
-                                        AND j.state = 'queued'
+                                        AND j.state = 'queued' /*@dist AND j.part = v_part */
                                       ORDER BY j.id LIMIT v_conc) AS f;
                                 IF v_first IS NULL THEN
                                     -- Active with no queued job: its last
@@ -513,6 +521,7 @@ BEGIN
                                     CONTINUE WHEN v_count > 0;
                                     PERFORM 1 FROM pgfifo.queue_group AS g
                                     WHERE g.queue = v_q AND g.group_id = v_cand.group_id
+                                      /*@dist AND g.part = v_part */
                                     FOR UPDATE OF g SKIP LOCKED;
                                     CONTINUE WHEN NOT FOUND;
                                     PERFORM pgfifo.advance_head(v_q, v_group.group_id, v_group.head_id);
@@ -529,12 +538,14 @@ BEGIN
                                 BEGIN
                                     PERFORM 1 FROM pgfifo.group_slot AS s
                                     WHERE s.queue = v_q AND s.group_id = v_cand.group_id AND s.slot < v_conc
+                                      /*@dist AND s.part = v_part */
                                     ORDER BY s.slot LIMIT 1
                                     FOR UPDATE SKIP LOCKED;
                                     v_slotted := FOUND;
                                     IF v_slotted THEN
                                         SELECT * INTO v_job FROM pgfifo.job AS j
                                         WHERE j.id = ANY (v_first) AND j.state = 'queued' AND j.run_after <= v_now
+                                          /*@dist AND j.part = v_part */
                                           AND j.id < coalesce(v_wait_id, 9223372036854775807)
                                           AND j.id <= coalesce(v_fail_id, 9223372036854775807)
                                         ORDER BY j.id LIMIT 1
@@ -575,7 +586,8 @@ BEGIN
                                 -- promote and set_group_control): then the
                                 -- group row serves as its one slot, below.
                                 CONTINUE WHEN EXISTS (SELECT 1 FROM pgfifo.group_slot AS s
-                                                      WHERE s.queue = v_q AND s.group_id = v_cand.group_id);
+                                                      WHERE s.queue = v_q AND s.group_id = v_cand.group_id
+                                                        /*@dist AND s.part = v_part */);
                             END IF;
                             -- (A pause committed while this statement runs is
                             -- seen by the next pick.)
@@ -659,7 +671,8 @@ BEGIN
                                 END IF;
                                 IF v_due > v_now THEN
                                     UPDATE pgfifo.queue_group AS g SET ready_at = v_due
-                                    WHERE g.queue = v_q AND g.group_id = v_group.group_id;
+                                    WHERE g.queue = v_q AND g.group_id = v_group.group_id
+                                      /*@dist AND g.part = v_part */;
                                     CONTINUE WHEN v_count > 0;
                                     RETURN QUERY SELECT NULL::bigint, v_q, v_group.group_id, NULL::text,
                                                         NULL::jsonb, NULL::integer, v_group.slot, NULL::boolean;

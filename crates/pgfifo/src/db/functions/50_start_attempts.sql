@@ -58,10 +58,11 @@ BEGIN
             v_q_took := true;
         END IF;
     END IF;
-    IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
             v_refused := pgfifo.take_start_tokens(
-                ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i <> ALL (v_q_refused)), v_now);
+                ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i <> ALL (v_q_refused)), v_now
+                /*@dist , ARRAY(SELECT DISTINCT j.part FROM pgfifo.job AS j WHERE j.id = ANY (p_ids)) */);
             IF v_q_took AND cardinality(v_refused) > 0 THEN
                 PERFORM pgfifo.give_back_queue_tokens(v_refused, v_now);
             END IF;
@@ -101,9 +102,10 @@ END
 $$;
 
 -- Distributed: the same for jobs of one shard, whose parts the pick left in
--- pgfifo.pick_parts (the runner passes them on), so that both statements
--- are routed to that shard. (Group and queue limits, whose tokens the
--- function above takes, refuse on this layout.)
+-- pgfifo.pick_parts (the runner passes them on), so that every statement
+-- is routed to that shard: the rate-limited groups' tokens as above (their
+-- buckets are on the groups' shard; queue limits refuse on this layout),
+-- then the records.
 /*@dist
 CREATE OR REPLACE FUNCTION pgfifo.start_attempts(p_ids bigint[], p_max integer[], p_runner text,
                                                  p_parts integer[])
@@ -113,8 +115,12 @@ SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
+    v_refused bigint[] := '{}';
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
+        v_refused := pgfifo.take_start_tokens(p_ids, v_now, p_parts);
+    END IF;
     -- (A join, not a correlated subquery, and materialized: Citus prunes
     -- the read to the one shard only so; the insert then routes its rows.)
     RETURN QUERY
@@ -128,8 +134,11 @@ BEGIN
     SELECT t.id, coalesce(l.n, 0) + 1, p_runner, v_now, l.part
     FROM unnest(p_ids, p_max) AS t(id, max_attempts)
     JOIN last AS l ON l.id = t.id
-    WHERE coalesce(l.n, 0) < t.max_attempts
+    WHERE coalesce(l.n, 0) < t.max_attempts AND t.id <> ALL (v_refused)
     RETURNING a.job_id, a.attempt;
+    IF cardinality(v_refused) > 0 THEN
+        RETURN QUERY SELECT r.id, 0 FROM unnest(v_refused) AS r(id);
+    END IF;
 END
 $$;
 */

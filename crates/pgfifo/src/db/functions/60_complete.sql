@@ -103,7 +103,7 @@ BEGIN
     END IF;
     */
     ready_now := false;
-    IF to_regclass('pgfifo.group_control') IS NOT NULL /*@dist AND false */ THEN
+    IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
         v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = ANY (p_queues));
     END IF;
     IF v_controlled THEN
@@ -119,6 +119,7 @@ BEGIN
               FROM pgfifo.queue_group AS g
               JOIN (SELECT DISTINCT t.q, t.grp FROM unnest(p_queues, p_groups) AS t(q, grp)) AS d
                 ON g.queue = d.q AND g.group_id = d.grp
+              /*@dist WHERE g.part = ANY (v_parts) */
               ORDER BY g.queue, g.group_id
               FOR UPDATE OF g SKIP LOCKED) AS l;
         -- A row another transaction holds: another completion of the group
@@ -140,13 +141,14 @@ BEGIN
                                     WHERE s.queue = p_queues[v_i] AND s.failure_policy = 'hold')))
                AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                                WHERE g.queue = p_queues[v_i] AND g.group_id = p_groups[v_i]
-                                 AND g.head_id = p_ids[v_i]) THEN
+                                 AND g.head_id = p_ids[v_i] /*@dist AND g.part = ANY (v_parts) */) THEN
                 v_skipped := v_skipped || v_key;
                 -- Its group may have a job to start in the freed slot.
                 ready_now := true;
             ELSE
                 SELECT g.ready_at INTO v_row_ready FROM pgfifo.queue_group AS g
                 WHERE g.queue = p_queues[v_i] AND g.group_id = p_groups[v_i]
+                  /*@dist AND g.part = ANY (v_parts) */
                 FOR UPDATE OF g;
                 IF FOUND THEN
                     v_locked := v_locked || v_key;
@@ -386,7 +388,7 @@ BEGIN
             CONTINUE WHEN v_due <= v_now;
             UPDATE pgfifo.queue_group AS g SET ready_at = v_due
             WHERE g.queue = p_queues[v_i] AND g.group_id = p_groups[v_i]
-              AND g.ready_at < v_due;
+              AND g.ready_at < v_due /*@dist AND g.part = ANY (v_parts) */;
             IF FOUND THEN
                 ready_later_us := ready_later_us || pgfifo.micros_until(v_due, v_now);
             END IF;

@@ -93,6 +93,6 @@ BEGIN
     WHERE EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
                   WHERE /*@dist a.part = v_part AND */ a.job_id = b.id AND a.attempt > b.attempts);
     own_limits := EXISTS (SELECT 1 FROM pgfifo.group_control AS c
-                          WHERE /*@dist c.part = v_part AND */ c.queue = p_queue AND c.group_id = p_group);
+                          WHERE c.queue = p_queue AND c.group_id = p_group);
 END
 $$;
