@@ -18,6 +18,9 @@
 //!   queue's default rate, a group's own rate changed while it waits, a
 //!   concurrency of 2, the operator's reads, the cleaning of a gone group's
 //!   bucket and slots; weights refuse.
+//! * `distributed_long`: long mode on the distributed layout: a long job
+//!   holds its group without a transaction, and runs again at once when
+//!   its session dies, its outcome written once.
 //! * `distributed_enqueue`: enqueue on the distributed layout, and that a
 //!   single enqueue's statements each touch its group's shard.
 //! * `distributed_admin`: cancel, skip-head, retry and a paused queue on
@@ -55,10 +58,15 @@ mod distributed_admin;
 mod distributed_controls;
 mod distributed_drain;
 mod distributed_enqueue;
+mod distributed_long;
 mod distributed_reads;
 mod distributed_retention;
 mod distributed_schedules;
 mod drain;
 mod faults;
+// The rendezvous of a test with the handlers it starts.
+#[allow(dead_code)]
+#[path = "../it/gate.rs"]
+mod gate;
 mod jobs;
 mod layout;

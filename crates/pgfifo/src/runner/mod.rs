@@ -149,13 +149,9 @@ impl std::fmt::Debug for RunnerHandle {
 }
 
 /// On the distributed layout, fails for what it does not run yet
-/// (docs/scaling.md), naming it: a served job type in long mode, weights
-/// and queue limits in the configuration.
-fn refuse_on_distributed(
-    registry: &Registry,
-    queues: &[String],
-    config: &RunnerConfig,
-) -> Result<()> {
+/// (docs/scaling.md), naming it: weights and queue limits in the
+/// configuration.
+fn refuse_on_distributed(config: &RunnerConfig) -> Result<()> {
     let refuse = |what: &str| Err(Error::NotDistributed(what.to_owned()));
     if config
         .group_limits
@@ -166,14 +162,6 @@ fn refuse_on_distributed(
     }
     if !config.queue_limits.is_empty() {
         return refuse("queue limits (RunnerConfig::queue_limits)");
-    }
-    let long: Vec<&str> = registry
-        .iter()
-        .filter(|r| r.long && queues.iter().any(|q| q == r.queue))
-        .map(|r| r.kind)
-        .collect();
-    if !long.is_empty() {
-        return refuse(&format!("job types in long mode ({})", long.join(", ")));
     }
     Ok(())
 }
@@ -195,7 +183,7 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         let distributed =
             crate::migrate::layout(&mut conn).await? == crate::migrate::Layout::Distributed;
         if distributed {
-            refuse_on_distributed(registry, &queues, &config)?;
+            refuse_on_distributed(&config)?;
         }
         scheduler::declare(&mut conn, &config.name, &schedules).await?;
         for (queue, limits) in &config.group_limits {

@@ -448,8 +448,7 @@ BEGIN
                                 END IF;
                                 -- A long run holds the whole group (its mark
                                 -- can be overwritten by a sibling's retry).
-                                -- (Distributed: long mode refuses there.)
-                                IF to_regclass('pgfifo.job_run') IS NOT NULL /*@dist AND false */ THEN
+                                IF to_regclass('pgfifo.job_run') IS NOT NULL THEN
                                     CONTINUE WHEN NOT pgfifo.long_run_free(v_q, v_cand.group_id, NULL);
                                 END IF;
                                 -- What decides whether the group may start a

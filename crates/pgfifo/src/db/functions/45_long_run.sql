@@ -12,6 +12,13 @@
 -- outcome commits. It takes no xid and holds no snapshot, and PostgreSQL
 -- releases it when the session ends, however it ends. pgfifo's two-key
 -- advisory space keeps it away from the application's single-key locks.
+--
+-- Distributed (Citus): these functions run on the coordinator, where the
+-- runner's session is: the lock is that session's, on the coordinator,
+-- and so are the pid and pg_locks that long_run_free reads. The run's row
+-- is on its group's shard (part); the statements that know the group
+-- name its part, the others (a run by its job and token) read every
+-- shard: they are one per run.
 
 -- The second key of a long run's advisory lock.
 CREATE OR REPLACE FUNCTION pgfifo.long_run_key(p_queue text, p_group text, p_job bigint)
@@ -35,12 +42,14 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_run record;
+    /*@dist v_part integer := pgfifo.part_of(p_queue, p_group); */
 BEGIN
     IF p_group IS NOT NULL THEN
-        SELECT r.job_id, r.token, r.lock_key, r.pid, r.lease_until INTO v_run
-        FROM pgfifo.job_run AS r WHERE r.queue = p_queue AND r.group_id = p_group;
+        SELECT r.job_id, r.token, r.lock_key, r.pid, r.lease_until /*@dist , r.part */ INTO v_run
+        FROM pgfifo.job_run AS r WHERE r.queue = p_queue AND r.group_id = p_group
+          /*@dist AND r.part = v_part */;
     ELSE
-        SELECT r.job_id, r.token, r.lock_key, r.pid, r.lease_until INTO v_run
+        SELECT r.job_id, r.token, r.lock_key, r.pid, r.lease_until /*@dist , r.part */ INTO v_run
         FROM pgfifo.job_run AS r WHERE r.job_id = p_job;
     END IF;
     IF NOT FOUND THEN
@@ -53,13 +62,15 @@ BEGIN
         PERFORM pg_advisory_unlock(1885824620, v_run.lock_key);
         -- The holder's session is gone. Another pick may be reclaiming the
         -- same row: skip it rather than wait.
+        /*@dist v_part := v_run.part; */
         PERFORM 1 FROM pgfifo.job_run AS r
-        WHERE r.job_id = v_run.job_id AND r.token = v_run.token
+        WHERE r.job_id = v_run.job_id AND r.token = v_run.token /*@dist AND r.part = v_part */
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             RETURN false;
         END IF;
-        DELETE FROM pgfifo.job_run AS r WHERE r.job_id = v_run.job_id AND r.token = v_run.token;
+        DELETE FROM pgfifo.job_run AS r WHERE r.job_id = v_run.job_id AND r.token = v_run.token
+          /*@dist AND r.part = v_part */;
         RETURN true;
     END IF;
     IF v_run.lease_until < clock_timestamp() THEN
@@ -99,8 +110,14 @@ AS $$
 DECLARE
     v_key   integer := pgfifo.long_run_key(p_queue, p_group, p_job);
     v_token bigint;
+    -- (Distributed: the run's part is its job's, its group's part; the
+    -- values are taken here, on the coordinator, for the routed insert.)
+    /*@dist
+    v_part  integer;
+    v_pid   integer := pg_backend_pid();
+    v_until timestamptz := clock_timestamp() + p_lease_ms * interval '1 millisecond';
+    */
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('long mode'); */
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo.claim_long_run must run in the job transaction that picked the job'
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
@@ -108,12 +125,29 @@ BEGIN
     IF NOT pg_try_advisory_lock(1885824620, v_key) THEN
         RETURN;
     END IF;
+    /*@plain*/
     INSERT INTO pgfifo.job_run AS r (job_id, queue, group_id, token, lock_key, pid, runner,
                                      attempt, lease_until)
     VALUES (p_job, p_queue, p_group, nextval('pgfifo.job_run_token_seq'), v_key, pg_backend_pid(),
             p_runner, p_attempt, clock_timestamp() + p_lease_ms * interval '1 millisecond')
     ON CONFLICT DO NOTHING
     RETURNING r.token INTO v_token;
+    /*@end*/
+    /*@dist
+    IF p_group IS NOT NULL THEN
+        v_part := pgfifo.part_of(p_queue, p_group);
+    ELSE
+        SELECT j.part INTO v_part FROM pgfifo.job AS j WHERE j.id = p_job;
+    END IF;
+    v_token := nextval('pgfifo.job_run_token_seq');
+    INSERT INTO pgfifo.job_run AS r (job_id, queue, group_id, token, lock_key, pid, runner,
+                                     attempt, lease_until, part)
+    VALUES (p_job, p_queue, p_group, v_token, v_key, v_pid, p_runner, p_attempt, v_until, v_part)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        v_token := NULL;
+    END IF;
+    */
     IF v_token IS NULL THEN
         PERFORM pg_advisory_unlock(1885824620, v_key);
         RETURN;
@@ -134,7 +168,7 @@ BEGIN
     -- which keeps groups without long runs free of any extra lookup.
     IF p_group IS NOT NULL THEN
         UPDATE pgfifo.queue_group AS g SET ready_at = '-infinity'
-        WHERE g.queue = p_queue AND g.group_id = p_group;
+        WHERE g.queue = p_queue AND g.group_id = p_group /*@dist AND g.part = v_part */;
     END IF;
     token := v_token;
     lock_key := v_key;
@@ -160,13 +194,26 @@ $$;
 
 -- Extends the leases of the runs with these tokens (the holder's
 -- heartbeat, from any connection).
+-- (Distributed: PL/pgSQL, with the new lease taken first, since Citus
+-- plans no SQL function with parameters and no volatile function in an
+-- update; one update of every shard.)
 CREATE OR REPLACE FUNCTION pgfifo.renew_long_runs(p_tokens bigint[], p_lease_ms integer)
 RETURNS void
-LANGUAGE sql
+LANGUAGE /*@plain*/ sql /*@end*/ /*@dist plpgsql */
 AS $$
+    /*@dist
+    DECLARE
+        v_until timestamptz := clock_timestamp() + p_lease_ms * interval '1 millisecond';
+    BEGIN
+    UPDATE pgfifo.job_run AS r SET lease_until = v_until
+    WHERE r.token = ANY (p_tokens);
+    END
+    */
+    /*@plain*/
     UPDATE pgfifo.job_run AS r
     SET lease_until = clock_timestamp() + p_lease_ms * interval '1 millisecond'
     WHERE r.token = ANY (p_tokens)
+    /*@end*/
 $$;
 
 -- Ends a long run, first thing in the job transaction that writes its
@@ -182,23 +229,37 @@ AS $$
 DECLARE
     v_queue text;
     v_group text;
+    /*@dist v_part integer; */
 BEGIN
     IF current_setting('pgfifo.job_transaction', true) IS DISTINCT FROM 'on' THEN
         RAISE EXCEPTION 'pgfifo.end_long_run must run in a job transaction'
             USING ERRCODE = 'no_active_sql_transaction', CONSTRAINT = 'pgfifo_job_transaction';
     END IF;
+    -- (Distributed: the run's part first, from its row; the parts of its
+    -- shard then stand for a pick's in this transaction, for complete.)
+    /*@dist
+    SELECT r.part INTO v_part FROM pgfifo.job_run AS r
+    WHERE r.job_id = p_job AND r.token = p_token;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('pgfifo.pick_parts',
+                       (SELECT s.parts FROM pgfifo.layout_shard AS s WHERE v_part = ANY (s.parts))::text,
+                       true);
+    */
     IF NOT pgfifo.release_long_run(p_job, p_token) THEN
         RETURN false;
     END IF;
-    SELECT j.queue, j.group_id INTO v_queue, v_group FROM pgfifo.job AS j WHERE j.id = p_job;
+    SELECT j.queue, j.group_id INTO v_queue, v_group FROM pgfifo.job AS j WHERE j.id = p_job
+      /*@dist AND j.part = v_part */;
     -- In the order a pick takes them. A pick that locked the group row
     -- since (it saw the run a moment before its end) holds it only until
     -- its own transaction commits.
     IF v_group IS NOT NULL THEN
         PERFORM 1 FROM pgfifo.queue_group AS g
-        WHERE g.queue = v_queue AND g.group_id = v_group FOR UPDATE;
+        WHERE g.queue = v_queue AND g.group_id = v_group /*@dist AND g.part = v_part */ FOR UPDATE;
     END IF;
-    PERFORM 1 FROM pgfifo.job AS j WHERE j.id = p_job FOR UPDATE;
+    PERFORM 1 FROM pgfifo.job AS j WHERE j.id = p_job /*@dist AND j.part = v_part */ FOR UPDATE;
     RETURN true;
 END
 $$;
@@ -213,15 +274,17 @@ AS $$
 DECLARE
     v_queue text;
     v_group text;
+    /*@dist v_part integer; v_now timestamptz := clock_timestamp(); */
 BEGIN
     DELETE FROM pgfifo.job_run AS r WHERE r.job_id = p_job AND r.token = p_token
-    RETURNING r.queue, r.group_id INTO v_queue, v_group;
+    RETURNING r.queue, r.group_id /*@dist , r.part */ INTO v_queue, v_group /*@dist , v_part */;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     IF v_group IS NOT NULL THEN
-        UPDATE pgfifo.queue_group AS g SET ready_at = clock_timestamp()
-        WHERE g.queue = v_queue AND g.group_id = v_group AND g.ready_at = '-infinity';
+        UPDATE pgfifo.queue_group AS g SET ready_at = /*@plain*/ clock_timestamp() /*@end*/ /*@dist v_now */
+        WHERE g.queue = v_queue AND g.group_id = v_group AND g.ready_at = '-infinity'
+          /*@dist AND g.part = v_part */;
     END IF;
     RETURN true;
 END
