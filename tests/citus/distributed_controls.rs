@@ -334,3 +334,74 @@ async fn concurrency_checks(conn: &mut AsyncPgConnection) {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn a_limited_groups_buckets_and_slots_are_read_and_written_on_its_shard() {
+    let (cluster, mut conn) = cluster_with(Layout::Distributed).await;
+    let limits = GroupLimits::new()
+        .concurrency(2)
+        .rate(Rate::per_second(1000).unwrap())
+        .burst(100);
+    admin::set_group_limits(&mut conn, "citus", "shape", limits)
+        .await
+        .expect("limits");
+    pgfifo::enqueue_batch(&mut conn, (0..8).map(|seq| held_job("shape", seq)))
+        .await
+        .expect("enqueue");
+    // The runner's sessions log what they send to the workers.
+    let url = format!(
+        "{}?application_name=shape-runner&options=-c%20citus.log_remote_commands%3Don%20-c%20log_min_messages%3Dnotice",
+        cluster.url()
+    );
+    let pool = pgfifo::connect(&url, 8).await.expect("pool");
+    let runner = pgfifo::runner::start(pool, test_config().concurrency(4))
+        .await
+        .expect("runner");
+    wait_for(
+        &cluster.url(),
+        "SELECT count(*) FROM pgfifo.job WHERE group_id = 'shape' AND state = 'succeeded'",
+        8,
+    )
+    .await;
+    runner.shutdown().await.expect("shutdown");
+
+    // Every command on the group's bucket or slots names one shard: the
+    // group's (a multi-shard statement names each of the 32).
+    let log = cluster.coordinator.log_text();
+    let commands: Vec<(String, Vec<i64>)> =
+        crate::distributed_enqueue::remote_commands(&log, "shape-runner")
+            .into_iter()
+            .filter(|(command, _)| {
+                command.contains("group_bucket_") || command.contains("group_slot_")
+            })
+            .collect();
+    assert!(
+        commands.len() >= 8,
+        "{} commands on the group's bucket and slots: {commands:?}",
+        commands.len()
+    );
+    let ids: Vec<String> = commands
+        .iter()
+        .flat_map(|(_, ids)| ids.iter().map(i64::to_string))
+        .collect();
+    let ranges = text(
+        &mut conn,
+        &format!(
+            "SELECT string_agg(DISTINCT shardminvalue, ',') FROM pg_dist_shard
+             WHERE shardid IN ({}) AND shardminvalue IS NOT NULL",
+            ids.join(",")
+        ),
+    )
+    .await
+    .unwrap_or_default();
+    let own = text(
+        &mut conn,
+        "SELECT shardminvalue FROM pg_dist_shard
+         WHERE shardid = get_shard_id_for_distribution_column(
+             'pgfifo.group_bucket', pgfifo.part_of('citus', 'shape'))",
+    )
+    .await
+    .unwrap_or_default();
+    assert_eq!(ranges, own, "commands on other shards: {commands:?}");
+}

@@ -291,7 +291,7 @@ async fn a_single_enqueue_runs_each_statement_on_its_groups_shard() {
 
 /// The remote commands that sessions named `app` logged: each command's
 /// text and the shard ids it names (`pgfifo.<table>_<shard id>`).
-fn remote_commands(log: &str, app: &str) -> Vec<(String, Vec<i64>)> {
+pub(crate) fn remote_commands(log: &str, app: &str) -> Vec<(String, Vec<i64>)> {
     let mut found = Vec::new();
     for line in log.lines() {
         if !line.contains(&format!(" {app} ")) || !line.contains("issuing ") {
