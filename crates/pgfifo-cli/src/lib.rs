@@ -242,6 +242,14 @@ enum MigrateAction {
     },
     /// List the migrations this tool knows and whether each is applied
     Status,
+    /// Spread pgfifo's tables over a Citus cluster (the distributed layout)
+    ///
+    /// Run on the Citus coordinator after `migrate up`, with runners
+    /// stopped: it copies every row, in one transaction. There is no way
+    /// back to the plain layout. Refused on a database without Citus, on a
+    /// worker node, and where a group's weight is set; a second run does
+    /// nothing. See docs/scaling.md for what runs on that layout.
+    Distribute,
 }
 
 /// `pgfifo status`.
@@ -384,6 +392,7 @@ async fn run(cli: Cli) -> CliResult {
             MigrateAction::Up => migrate::up(conn, out).await,
             MigrateAction::Down { n } => migrate::down(conn, out, n as usize).await,
             MigrateAction::Status => migrate::status(conn, out).await,
+            MigrateAction::Distribute => migrate::distribute(conn, out).await,
         },
         Command::Status(args) => status::status(conn, out, &args.queues, args.top).await,
         Command::Groups(args) => {

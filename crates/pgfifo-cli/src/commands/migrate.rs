@@ -1,7 +1,9 @@
-//! `pgfifo migrate up | down N | status`.
+//! `pgfifo migrate up | down N | status | distribute`.
 
 use pgfifo::diesel_async::AsyncPgConnection;
-use pgfifo::migrate::{self, FunctionsStatus, Layout, MigrationStatus, SchemaStatus, MIGRATIONS};
+use pgfifo::migrate::{
+    self, Distributed, FunctionsStatus, Layout, MigrationStatus, SchemaStatus, MIGRATIONS,
+};
 use serde::Serialize;
 
 use crate::error::{CliError, CliResult};
@@ -106,6 +108,33 @@ pub async fn down(conn: &mut AsyncPgConnection, out: Output, n: usize) -> CliRes
             "reverted:\n{}\n(the functions stay as installed; see docs/upgrading.md)",
             versions(&c.migrations)
         )
+    })
+}
+
+/// The result of `distribute`.
+#[derive(Debug, Serialize)]
+struct DistributeResult {
+    /// Always `distributed`.
+    layout: &'static str,
+    /// Whether this run laid the tables out (false: they already were).
+    changed: bool,
+}
+
+/// `pgfifo migrate distribute`: lays pgfifo's tables out over the Citus
+/// cluster whose coordinator this is (`pgfifo::migrate::distribute`).
+pub async fn distribute(conn: &mut AsyncPgConnection, out: Output) -> CliResult {
+    let done = migrate::distribute(conn).await?;
+    let result = DistributeResult {
+        layout: "distributed",
+        changed: done == Distributed::Now,
+    };
+    out.emit(&result, |r| {
+        if r.changed {
+            "laid pgfifo's tables out over the Citus cluster (layout: distributed; docs/scaling.md)"
+                .to_owned()
+        } else {
+            "the tables are already distributed over the Citus cluster; nothing to do".to_owned()
+        }
     })
 }
 

@@ -233,27 +233,36 @@ pub enum Distributed {
 }
 
 /// Lays pgfifo's tables out over a Citus cluster, on its coordinator:
-/// every row of a group (its row, jobs, attempts, controls…) gets the
+/// every row of a group (its row, jobs, attempts, bucket, slots…) gets the
 /// group's part and the tables are distributed by it, co-located; the
-/// batches' rows are distributed by batch; queue settings and queue limits
-/// become reference tables; the runners, the minute counts and the
-/// schedules stay on the coordinator (see `db/citus/distribute.sql` and
+/// batches' rows are distributed by batch; queue settings, queue limits and
+/// group limits become reference tables; the runners, the minute counts and
+/// the schedules stay on the coordinator (see `db/citus/distribute.sql` and
 /// docs/scaling.md). In one transaction, under the migrations' lock; it
-/// copies every row, so run it with runners stopped.
+/// copies every row, so run it with runners stopped. There is no way back
+/// to the plain layout. The CLI's `pgfifo migrate distribute` calls it.
 ///
-/// **Work in progress** (issue 31): enqueue, the runner's cycle (promote,
-/// pick, attempts, completion), pausing, group limits (rate, burst,
-/// concurrency), the operator's reads and actions, retention, schedules
-/// and the SQL enqueue API run on the distributed layout; weights, queue
-/// limits, batches, dependencies, windows and long mode refuse there,
-/// naming what is missing. Hidden until they run.
+/// On the distributed layout, enqueue, the runner's cycle (promote, pick,
+/// attempts, completion, retries, snoozes), group limits (rate, burst,
+/// concurrency), long mode, pausing, the operator's reads and actions, the
+/// dashboard, retention, schedules and the SQL enqueue API run as on one
+/// server; weights, queue limits, batches, dependencies and de-duplication
+/// windows refuse there, naming what is missing, and so does
+/// [`rollback`]. The application changes only its URL (the coordinator's).
+///
+/// ```no_run
+/// # async fn f(conn: &mut diesel_async::AsyncPgConnection) -> pgfifo::Result<()> {
+/// pgfifo::migrate::migrate_conn(conn).await?; // the plain schema first
+/// pgfifo::migrate::distribute(conn).await?;   // then spread it
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// Fails, changing nothing, with [`Error::CitusMissing`] when the database
 /// has no citus extension, [`Error::CitusWorker`] on a worker node,
 /// [`Error::SchemaOutdated`] or [`Error::FunctionsDiffer`] unless this
 /// library's [`migrate`] ran first, and [`Error::NotDistributed`] when a
 /// group's weight above 1 is set.
-#[doc(hidden)]
 pub async fn distribute(conn: &mut AsyncPgConnection) -> Result<Distributed> {
     conn.transaction::<_, Error, _>(async |conn| {
         if db::citus::citus_version(conn).await?.is_none() {
