@@ -387,27 +387,5 @@ async fn the_sql_enqueue_api_puts_each_job_on_its_part() {
         1,
         "the traced job's context beside it"
     );
-    // A window, and the outcomes, refuse by name.
-    for (sql, what) in [
-        (
-            "SELECT pgfifo.add_job(kind => 'citus.log', queue => 'citus', payload => '{}',
-                                   window_key => 'w', window_mode => 'unique',
-                                   window_period => '1 minute')",
-            "de-duplication windows",
-        ),
-        (
-            "SELECT id FROM pgfifo.add_job_outcome(kind => 'citus.log', queue => 'citus',
-                                                  payload => '{}')",
-            "add_job_outcome",
-        ),
-    ] {
-        let err = diesel::sql_query(sql)
-            .execute(&mut conn)
-            .await
-            .expect_err(what);
-        assert!(
-            err.to_string().contains(what) && err.to_string().contains("distributed layout"),
-            "{err}"
-        );
-    }
+    // (Windows and the outcomes: `distributed_windows`.)
 }

@@ -18,6 +18,9 @@
 //!   queue's default rate, a group's own rate changed while it waits, a
 //!   concurrency of 2, the operator's reads, the cleaning of a gone group's
 //!   bucket and slots; weights refuse.
+//! * `distributed_windows`: de-duplication windows on the distributed
+//!   layout (unique, throttle, debounce, the SQL API's outcomes, the
+//!   operator's view, retention).
 //! * `distributed_long`: long mode on the distributed layout: a long job
 //!   holds its group without a transaction, and runs again at once when
 //!   its session dies, its outcome written once.
@@ -62,6 +65,7 @@ mod distributed_long;
 mod distributed_reads;
 mod distributed_retention;
 mod distributed_schedules;
+mod distributed_windows;
 mod drain;
 mod faults;
 // The rendezvous of a test with the handlers it starts.

@@ -245,9 +245,9 @@ pub enum Distributed {
 /// On the distributed layout, enqueue, the runner's cycle (promote, pick,
 /// attempts, completion, retries, snoozes), group limits (rate, burst,
 /// concurrency), long mode, pausing, the operator's reads and actions, the
-/// dashboard, retention, schedules and the SQL enqueue API run as on one
-/// server; weights, queue limits, batches, dependencies and de-duplication
-/// windows refuse there, naming what is missing, and so does
+/// dashboard, retention, schedules, de-duplication windows and the SQL
+/// enqueue API run as on one server; weights, queue limits, batches and
+/// dependencies refuse there, naming what is missing, and so does
 /// [`rollback`]. The application changes only its URL (the coordinator's).
 ///
 /// ```no_run

@@ -70,6 +70,10 @@ UPDATE pgfifo.group_snooze  SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.group_share   SET part = pgfifo.part_of(queue, group_id);
 UPDATE pgfifo.job           SET part = pgfifo.job_part(queue, group_id, id, unique_key);
 UPDATE pgfifo.job_window    SET part = pgfifo.part_of(queue, key);
+-- A window's job is on its own part (its group's): the window keeps it, so
+-- that debouncing finds the job on its shard (NULL: the job is gone, and
+-- the window holds nothing).
+ALTER TABLE pgfifo.job_window ADD COLUMN job_part integer;
 -- Rows of jobs: their job's part. A row whose job is gone (none should be)
 -- takes the part of its id, as an ungrouped job would.
 UPDATE pgfifo.job_attempt AS t SET part = coalesce(
@@ -85,6 +89,7 @@ UPDATE pgfifo.job_dependency AS t SET part = coalesce(
     (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
 UPDATE pgfifo.job_wait AS t SET part = coalesce(
     (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id), (t.job_id & 1023)::integer);
+UPDATE pgfifo.job_window AS t SET job_part = (SELECT j.part FROM pgfifo.job AS j WHERE j.id = t.job_id);
 
 ALTER TABLE pgfifo.queue_group   ALTER COLUMN part SET NOT NULL;
 ALTER TABLE pgfifo.group_pause   ALTER COLUMN part SET NOT NULL;

@@ -38,6 +38,12 @@
 -- picked) the job's start is left as it is and only its payload is
 -- replaced: moving it then could race with the runner's advance_head,
 -- which would read the old start and let the job run early.
+--
+-- Distributed (Citus): a window's row is on its key's part (as if the key
+-- were a group), its job on the job's own part, which the row keeps
+-- (job_part, a column of the distributed layout only), so that every
+-- statement here names the one part it reads or writes; the keys' locks
+-- are taken on the coordinator, where this runs.
 CREATE OR REPLACE FUNCTION pgfifo.enqueue_outcomes(
     p_queue        text[],
     p_group        text[],
@@ -73,8 +79,8 @@ DECLARE
     v_head    bigint;
     v_at      timestamptz;
     v_slot    numeric;
+    /*@dist v_wpart integer; v_jpart integer; v_payload jsonb; */
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('de-duplication windows'); */
     ids := '{}';
     outcomes := '{}';
     IF v_n IS NULL OR v_n = 0 THEN
@@ -133,16 +139,20 @@ BEGIN
         v_head := NULL;
         v_open := false;
         IF v_key IS NOT NULL THEN
-            SELECT w.mode, w.job_id, w.until INTO v_w FROM pgfifo.job_window AS w
-            WHERE w.queue = p_queue[v_i] AND w.key = v_key;
+            /*@dist v_wpart := pgfifo.part_of(p_queue[v_i], v_key); */
+            SELECT w.mode, w.job_id, w.until /*@dist , w.job_part */ INTO v_w
+            FROM pgfifo.job_window AS w
+            WHERE w.queue = p_queue[v_i] AND w.key = v_key /*@dist AND w.part = v_wpart */;
             IF FOUND AND v_w.mode IN ('unique', 'throttle') THEN
                 v_open := v_w.until > now();
             ELSIF FOUND THEN
                 -- A debounce window is open while its job is queued, has
                 -- never started (a job waiting for a retry has) and no runner
                 -- holds it (held: it is starting, it counts as started).
+                /*@dist v_jpart := v_w.job_part; */
                 SELECT j.id, j.group_id, j.kind INTO v_job FROM pgfifo.job AS j
                 WHERE j.id = v_w.job_id AND j.state = 'queued' AND j.attempts = 0
+                  /*@dist AND j.part = v_jpart */
                 FOR NO KEY UPDATE SKIP LOCKED;
                 v_open := FOUND;
             END IF;
@@ -174,9 +184,11 @@ BEGIN
             -- without waiting: then no runner can read the group's head
             -- between this change and the commit.
             v_movable := true;
+            -- (Distributed: a grouped job's part is its group's.)
             IF v_job.group_id IS NOT NULL THEN
                 SELECT g.head_id INTO v_head FROM pgfifo.queue_group AS g
                 WHERE g.queue = p_queue[v_i] AND g.group_id = v_job.group_id
+                  /*@dist AND g.part = v_jpart */
                 FOR NO KEY UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
                     -- Locked by a runner, or missing (not promoted yet):
@@ -184,23 +196,32 @@ BEGIN
                     -- holds back until the commit if it can lock one.
                     v_head := NULL;
                     v_movable := NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
-                                             WHERE g.queue = p_queue[v_i] AND g.group_id = v_job.group_id)
+                                             WHERE g.queue = p_queue[v_i] AND g.group_id = v_job.group_id
+                                               /*@dist AND g.part = v_jpart */)
                                  AND EXISTS (SELECT 1 FROM pgfifo.group_wake AS k
                                              WHERE k.queue = p_queue[v_i] AND k.group_id = v_job.group_id
+                                               /*@dist AND k.part = v_jpart */
                                              FOR UPDATE SKIP LOCKED);
                 END IF;
             END IF;
             v_at := now() + v_period;
+            -- (Distributed: the payload from a variable; Citus's server
+            -- crashed on an update with an array's element, see complete.)
+            /*@dist v_payload := p_payload[v_i]; */
             IF v_movable THEN
-                UPDATE pgfifo.job SET payload = p_payload[v_i], run_after = v_at WHERE id = v_job.id;
+                UPDATE pgfifo.job
+                SET payload = /*@plain*/ p_payload[v_i] /*@end*/ /*@dist v_payload */, run_after = v_at
+                WHERE id = v_job.id /*@dist AND part = v_jpart */;
                 UPDATE pgfifo.job_window AS w SET until = v_at
-                WHERE w.queue = p_queue[v_i] AND w.key = v_key;
+                WHERE w.queue = p_queue[v_i] AND w.key = v_key /*@dist AND w.part = v_wpart */;
                 IF v_head = v_job.id THEN
                     UPDATE pgfifo.queue_group AS g SET ready_at = v_at
-                    WHERE g.queue = p_queue[v_i] AND g.group_id = v_job.group_id AND g.ready_at IS NOT NULL;
+                    WHERE g.queue = p_queue[v_i] AND g.group_id = v_job.group_id AND g.ready_at IS NOT NULL
+                      /*@dist AND g.part = v_jpart */;
                 END IF;
             ELSE
-                UPDATE pgfifo.job SET payload = p_payload[v_i] WHERE id = v_job.id;
+                UPDATE pgfifo.job SET payload = /*@plain*/ p_payload[v_i] /*@end*/ /*@dist v_payload */
+                WHERE id = v_job.id /*@dist AND part = v_jpart */;
             END IF;
             ids := ids || v_job.id;
             outcomes := outcomes || 'debounced'::text;
@@ -229,11 +250,13 @@ BEGIN
                 ELSE
                     v_until := now() + v_period;
                 END IF;
-                INSERT INTO pgfifo.job_window AS w (queue, key, mode, job_id, period, until)
-                VALUES (p_queue[v_i], v_key, v_mode, v_id, v_period, v_until)
-                ON CONFLICT (queue, key) DO UPDATE
+                /*@dist v_jpart := pgfifo.job_part(p_queue[v_i], p_group[v_i], v_id, NULL); */
+                INSERT INTO pgfifo.job_window AS w (queue, key, mode, job_id, period, until
+                                                    /*@dist , part, job_part */)
+                VALUES (p_queue[v_i], v_key, v_mode, v_id, v_period, v_until /*@dist , v_wpart, v_jpart */)
+                ON CONFLICT (/*@dist part, */ queue, key) DO UPDATE
                 SET mode = EXCLUDED.mode, job_id = EXCLUDED.job_id, period = EXCLUDED.period,
-                    until = EXCLUDED.until;
+                    until = EXCLUDED.until /*@dist , job_part = EXCLUDED.job_part */;
             END IF;
         END IF;
     END LOOP;
@@ -245,16 +268,16 @@ $$;
 -- or finished. Returns how many. Called by retention.
 CREATE OR REPLACE FUNCTION pgfifo.clean_windows(p_limit integer) RETURNS bigint
 LANGUAGE plpgsql
+/*@dist SET plan_cache_mode = force_custom_plan */
 AS $$
 DECLARE
     v_n bigint := 0;
+    /*@dist v_cand record; v_part integer; v_rows bigint; */
 BEGIN
-    -- (Windows are not on the distributed layout yet: enqueue with one
-    -- refuses there, so there is nothing to clean.)
-    /*@dist RETURN 0; */
     IF to_regclass('pgfifo.job_window') IS NULL THEN
         RETURN 0;
     END IF;
+    /*@plain*/
     WITH victims AS (
         SELECT w.queue, w.key FROM pgfifo.job_window AS w
         WHERE CASE WHEN w.mode = 'debounce'
@@ -269,6 +292,37 @@ BEGIN
         WHERE w.queue = v.queue AND w.key = v.key
         RETURNING 1)
     SELECT count(*) INTO v_n FROM gone;
+    /*@end*/
+    /*@dist
+    -- Distributed: a window and its job are on two parts. Candidates are
+    -- the windows whose end has passed (a debounce window's end is its
+    -- job's start: before it, the job cannot have started), read from
+    -- every shard without locks, a few more than the limit: a debounce
+    -- window still holds while its job waits for a lane. Each is then
+    -- deleted by a statement that names its part, under FOR UPDATE SKIP
+    -- LOCKED, if it still names the same job (an enqueue may have opened a
+    -- new window on the key meanwhile).
+    FOR v_cand IN
+        SELECT w.part, w.queue, w.key, w.mode, w.job_id, w.job_part FROM pgfifo.job_window AS w
+        WHERE w.until <= now()
+        LIMIT 4 * p_limit
+    LOOP
+        EXIT WHEN v_n >= p_limit;
+        CONTINUE WHEN v_cand.mode = 'debounce'
+                      AND EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                  WHERE j.part = v_cand.job_part AND j.id = v_cand.job_id
+                                    AND j.state = 'queued' AND j.attempts = 0);
+        v_part := v_cand.part;
+        DELETE FROM pgfifo.job_window AS w
+        WHERE w.part = v_part AND (w.queue, w.key) IN (
+            SELECT x.queue, x.key FROM pgfifo.job_window AS x
+            WHERE x.part = v_part AND x.queue = v_cand.queue AND x.key = v_cand.key
+              AND x.job_id = v_cand.job_id AND x.until <= now()
+            FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_n := v_n + v_rows;
+    END LOOP;
+    */
     RETURN v_n;
 END
 $$;
@@ -304,7 +358,8 @@ BEGIN
     /*@dist
     -- The window's row is on its key's part, the job on its group's: two
     -- reads, as Citus joins only rows of one part.
-    FOR r IN SELECT w.key, w.mode, w.period, w.until, w.job_id FROM pgfifo.job_window AS w
+    FOR r IN SELECT w.key, w.mode, w.period, w.until, w.job_id, w.job_part
+             FROM pgfifo.job_window AS w
              WHERE w.job_id = p_job LIMIT 1 LOOP
         key := r.key::text;
         mode := r.mode;
@@ -312,8 +367,8 @@ BEGIN
         until_us := (extract(epoch FROM r.until) * 1000000)::bigint;
         holds := CASE WHEN r.mode = 'debounce'
                       THEN EXISTS (SELECT 1 FROM pgfifo.job AS j
-                                   WHERE j.id = r.job_id AND j.state = 'queued'
-                                     AND j.attempts = 0)
+                                   WHERE j.part = r.job_part AND j.id = r.job_id
+                                     AND j.state = 'queued' AND j.attempts = 0)
                       ELSE r.until > now() END;
         RETURN NEXT;
     END LOOP;

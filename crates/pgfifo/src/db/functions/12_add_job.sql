@@ -333,9 +333,6 @@ DECLARE
     v_traced boolean;
     e        record;
 BEGIN
-    -- (Its outcomes come from the windows' enqueue, which the distributed
-    -- layout does not run yet; add_job and add_jobs without a window do.)
-    /*@dist PERFORM pgfifo.not_distributed('the outcomes of the SQL enqueue API (pgfifo.add_job_outcome)'); */
     SELECT * INTO v
     FROM pgfifo.add_job_checked('', add_job_outcome.kind, add_job_outcome.queue,
                                 add_job_outcome.payload, add_job_outcome.group_id,
