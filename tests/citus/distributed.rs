@@ -126,13 +126,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
             "{layout}"
         );
     }
-    for reference in [
-        "queue_setting",
-        "queue_control",
-        "queue_slot",
-        "queue_bucket",
-        "group_control",
-    ] {
+    for reference in ["queue_setting", "group_control"] {
         assert!(
             layout.contains(&format!("pgfifo.{reference} - n")),
             "{reference} is not a reference table: {layout}"
@@ -143,6 +137,9 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         "queue_minute",
         "schedule",
         "schedule_tick",
+        "queue_control",
+        "queue_slot",
+        "queue_bucket",
         "schema_migrations",
         "schema_functions",
     ] {
@@ -285,8 +282,8 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
     migrate::check_current(&mut conn)
         .await
         .expect("current for a runner");
-    // What is not ported refuses, naming it: reverting migrations, a
-    // runner with queue limits, and (below) group controls.
+    // What is not ported refuses, naming it: reverting migrations, and
+    // (below) weights.
     let refused = migrate::rollback(&mut conn, 1)
         .await
         .expect_err("a rollback of the distributed layout");
@@ -294,15 +291,6 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         matches!(refused, pgfifo::Error::NotDistributed(_)),
         "{refused}"
     );
-    let pool = pgfifo::connect(&cluster.url(), 4).await.expect("pool");
-    let refused = pgfifo::runner::start(
-        pool,
-        pgfifo_tests::test_config()
-            .queue_limits("citus", pgfifo::QueueLimits::new().concurrency(2)),
-    )
-    .await
-    .expect_err("a runner with queue limits on the distributed layout");
-    assert!(refused.to_string().contains("queue limits"), "{refused}");
     // The group limits set before came along (a reference table); a
     // weight is refused, naming it.
     assert_eq!(

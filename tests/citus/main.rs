@@ -18,6 +18,8 @@
 //!   queue's default rate, a group's own rate changed while it waits, a
 //!   concurrency of 2, the operator's reads, the cleaning of a gone group's
 //!   bucket and slots; weights refuse.
+//! * `distributed_queue_limits`: queue limits on the distributed layout
+//!   (concurrency across two runners, a rate, the operator's reads).
 //! * `distributed_windows`: de-duplication windows on the distributed
 //!   layout (unique, throttle, debounce, the SQL API's outcomes, the
 //!   operator's view, retention).
@@ -62,6 +64,7 @@ mod distributed_controls;
 mod distributed_drain;
 mod distributed_enqueue;
 mod distributed_long;
+mod distributed_queue_limits;
 mod distributed_reads;
 mod distributed_retention;
 mod distributed_schedules;

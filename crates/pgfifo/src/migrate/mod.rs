@@ -235,18 +235,19 @@ pub enum Distributed {
 /// Lays pgfifo's tables out over a Citus cluster, on its coordinator:
 /// every row of a group (its row, jobs, attempts, bucket, slots…) gets the
 /// group's part and the tables are distributed by it, co-located; the
-/// batches' rows are distributed by batch; queue settings, queue limits and
-/// group limits become reference tables; the runners, the minute counts and
-/// the schedules stay on the coordinator (see `db/citus/distribute.sql` and
-/// docs/scaling.md). In one transaction, under the migrations' lock; it
-/// copies every row, so run it with runners stopped. There is no way back
-/// to the plain layout. The CLI's `pgfifo migrate distribute` calls it.
+/// batches' rows are distributed by batch; queue settings and group limits
+/// become reference tables; the runners, the minute counts, the schedules
+/// and the queue limits stay on the coordinator (see
+/// `db/citus/distribute.sql` and docs/scaling.md). In one transaction,
+/// under the migrations' lock; it copies every row, so run it with runners
+/// stopped. There is no way back to the plain layout. The CLI's `pgfifo
+/// migrate distribute` calls it.
 ///
 /// On the distributed layout, enqueue, the runner's cycle (promote, pick,
 /// attempts, completion, retries, snoozes), group limits (rate, burst,
-/// concurrency), long mode, pausing, the operator's reads and actions, the
-/// dashboard, retention, schedules, de-duplication windows and the SQL
-/// enqueue API run as on one server; weights, queue limits, batches and
+/// concurrency), queue limits, long mode, pausing, the operator's reads
+/// and actions, the dashboard, retention, schedules, de-duplication windows
+/// and the SQL enqueue API run as on one server; weights, batches and
 /// dependencies refuse there, naming what is missing, and so does
 /// [`rollback`]. The application changes only its URL (the coordinator's).
 ///

@@ -149,8 +149,7 @@ impl std::fmt::Debug for RunnerHandle {
 }
 
 /// On the distributed layout, fails for what it does not run yet
-/// (docs/scaling.md), naming it: weights and queue limits in the
-/// configuration.
+/// (docs/scaling.md), naming it: weights in the configuration.
 fn refuse_on_distributed(config: &RunnerConfig) -> Result<()> {
     let refuse = |what: &str| Err(Error::NotDistributed(what.to_owned()));
     if config
@@ -159,9 +158,6 @@ fn refuse_on_distributed(config: &RunnerConfig) -> Result<()> {
         .any(|(_, limits)| limits.weight.is_some_and(|w| w > 1))
     {
         return refuse("weights (RunnerConfig::group_limits)");
-    }
-    if !config.queue_limits.is_empty() {
-        return refuse("queue limits (RunnerConfig::queue_limits)");
     }
     Ok(())
 }

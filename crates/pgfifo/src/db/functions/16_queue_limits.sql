@@ -18,6 +18,12 @@
 --   * the functions of the hot path look for pgfifo.queue_control with
 --     to_regclass (after `migrate down`, these tables are gone), then for
 --     the queue's row: a queue without limits costs one index probe.
+--
+-- Distributed (Citus): pgfifo.queue_control, queue_slot and queue_bucket
+-- stay plain tables of the coordinator, where pgfifo's functions run: a
+-- pick holds a slot's row there for its job transaction, and a start
+-- writes the bucket there, without a write to every node. No statement
+-- joins them with a distributed table: the jobs are read apart, by part.
 
 -- The second key of a queue slot's advisory lock (class 1885824625,
 -- 'pgfq'): taken with the slot's row by the pick's transaction, and kept
@@ -111,7 +117,9 @@ $$;
 -- of their group has no attempt under way and would start after them.
 -- The bucket row's lock orders concurrent takes of one queue (and is
 -- taken before any group's bucket: one order for every caller).
-CREATE OR REPLACE FUNCTION pgfifo.take_queue_tokens(p_ids bigint[], p_now timestamptz)
+-- (Distributed: p_parts holds the jobs' parts, as for take_start_tokens.)
+CREATE OR REPLACE FUNCTION pgfifo.take_queue_tokens(p_ids bigint[], p_now timestamptz
+                                                    /*@dist , p_parts integer[] */)
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
@@ -122,13 +130,26 @@ DECLARE
     v_tokens  double precision;
     v_refused bigint[] := '{}';
     v_conc    integer;
+    /*@dist
+    v_part    integer;
+    v_rated   text[] := ARRAY(SELECT c.queue FROM pgfifo.queue_control AS c
+                              WHERE c.rate_count IS NOT NULL);
+    */
 BEGIN
     FOR v_job IN
+        /*@plain*/
         SELECT j.id, j.queue, j.group_id FROM pgfifo.job AS j
         JOIN pgfifo.queue_control AS c ON c.queue = j.queue AND c.rate_count IS NOT NULL
         WHERE j.id = ANY (p_ids)
         ORDER BY j.queue, j.group_id, j.id
+        /*@end*/
+        /*@dist
+        SELECT j.id, j.queue, j.group_id, j.part FROM pgfifo.job AS j
+        WHERE j.part = ANY (p_parts) AND j.id = ANY (p_ids) AND j.queue = ANY (v_rated)
+        ORDER BY j.queue, j.group_id, j.id
+        */
     LOOP
+        /*@dist v_part := v_job.part; */
         IF v_q IS DISTINCT FROM v_job.queue THEN
             v_q := v_job.queue;
             SELECT * INTO v_lim FROM pgfifo.queue_limits_of(v_q);
@@ -145,10 +166,11 @@ BEGIN
             IF v_conc > 1 AND EXISTS (
                    SELECT 1 FROM pgfifo.job AS k
                    WHERE k.queue = v_q AND k.group_id = v_job.group_id
-                     AND k.state = 'queued' AND k.id < v_job.id
+                     AND k.state = 'queued' AND k.id < v_job.id /*@dist AND k.part = v_part */
                      AND NOT (k.id = ANY (p_ids) AND k.id <> ALL (v_refused))
                      AND NOT EXISTS (SELECT 1 FROM pgfifo.job_attempt AS a
-                                     WHERE a.job_id = k.id AND a.finished_at IS NULL)) THEN
+                                     WHERE a.job_id = k.id AND a.finished_at IS NULL
+                                       /*@dist AND a.part = v_part */)) THEN
                 v_refused := v_refused || v_job.id;
                 CONTINUE;
             END IF;
@@ -177,14 +199,27 @@ AS $$
 DECLARE
     v_q      record;
     v_tokens double precision;
+    /*@dist v_queues text[] := ARRAY(SELECT j.queue FROM pgfifo.job AS j WHERE j.id = ANY (p_ids)); */
 BEGIN
     FOR v_q IN
+        /*@plain*/
         SELECT j.queue, count(*) AS n, l.rate_count, l.rate_period_ms, l.burst
         FROM pgfifo.job AS j
         CROSS JOIN LATERAL pgfifo.queue_limits_of(j.queue) AS l
         WHERE j.id = ANY (p_ids) AND l.rate_count IS NOT NULL
         GROUP BY j.queue, l.rate_count, l.rate_period_ms, l.burst
         ORDER BY j.queue
+        /*@end*/
+        -- (Distributed: the jobs' queues read first, from every shard; the
+        -- limits, on the coordinator, apart.)
+        /*@dist
+        SELECT q.queue, q.n, l.rate_count, l.rate_period_ms, l.burst
+        FROM (SELECT x.queue, count(*) AS n FROM unnest(v_queues) AS x(queue)
+              GROUP BY x.queue) AS q
+        CROSS JOIN LATERAL pgfifo.queue_limits_of(q.queue) AS l
+        WHERE l.rate_count IS NOT NULL
+        ORDER BY q.queue
+        */
     LOOP
         PERFORM 1 FROM pgfifo.queue_bucket AS b WHERE b.queue = v_q.queue FOR UPDATE;
         v_tokens := pgfifo.queue_bucket_tokens(v_q.queue, p_now, v_q.rate_count, v_q.rate_period_ms,
@@ -221,7 +256,6 @@ DECLARE
     v_row  pgfifo.queue_control;
     v_bad  text;
 BEGIN
-    /*@dist PERFORM pgfifo.not_distributed('queue limits'); */
     IF p_queue IS NULL OR p_queue = '' THEN
         RAISE EXCEPTION 'pgfifo change_queue_control: the queue name is empty'
             USING ERRCODE = 'invalid_parameter_value';

@@ -224,7 +224,7 @@ DECLARE
     v_slot_job boolean := false;
     v_slot_left boolean := false;
     v_slots_ok boolean := current_setting('pgfifo.pick_slots', true) IS DISTINCT FROM 'off';
-    v_q_limits boolean := to_regclass('pgfifo.queue_control') IS NOT NULL /*@dist AND false */;
+    v_q_limits boolean := to_regclass('pgfifo.queue_control') IS NOT NULL;
     v_ql      record;
     v_q_slot  boolean;
     v_limit0  integer;

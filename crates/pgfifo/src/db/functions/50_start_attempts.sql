@@ -26,6 +26,14 @@ DECLARE
     v_q_refused bigint[] := '{}';
     v_q_took  boolean := false;
 BEGIN
+    -- (Distributed: the function below, with the jobs' parts, read from
+    -- every shard: these jobs may come from several picks.)
+    /*@dist
+    RETURN QUERY SELECT * FROM pgfifo.start_attempts(
+        p_ids, p_max, p_runner,
+        ARRAY(SELECT DISTINCT j.part FROM pgfifo.job AS j WHERE j.id = ANY (p_ids)));
+    RETURN;
+    */
     PERFORM set_config('synchronous_commit', 'off', true);
     -- Rate-limited groups take a token per start, in this transaction: a
     -- start counts against the limit even if its runner dies mid-run. (A
@@ -34,7 +42,7 @@ BEGIN
     -- does not start: it is returned with attempt 0, and no record.
     -- Queues with a rate (migration 0011) take theirs first, and get back
     -- those of starts that their groups then refuse.
-    IF to_regclass('pgfifo.queue_control') IS NOT NULL /*@dist AND false */ THEN
+    IF to_regclass('pgfifo.queue_control') IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM pgfifo.queue_control AS c WHERE c.rate_count IS NOT NULL) THEN
             -- The buckets of these jobs' queues are locked first (in queue
             -- order, as take_queue_tokens locks them), and the time of the
@@ -61,15 +69,13 @@ BEGIN
     IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
             v_refused := pgfifo.take_start_tokens(
-                ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i <> ALL (v_q_refused)), v_now
-                /*@dist , ARRAY(SELECT DISTINCT j.part FROM pgfifo.job AS j WHERE j.id = ANY (p_ids)) */);
+                ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i <> ALL (v_q_refused)), v_now);
             IF v_q_took AND cardinality(v_refused) > 0 THEN
                 PERFORM pgfifo.give_back_queue_tokens(v_refused, v_now);
             END IF;
         END IF;
     END IF;
     v_refused := v_refused || v_q_refused;
-    /*@plain*/
     RETURN QUERY
     INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner, started_at)
     SELECT t.id, coalesce(m.n, 0) + 1, p_runner, v_now
@@ -77,24 +83,6 @@ BEGIN
     CROSS JOIN LATERAL (SELECT max(x.attempt) AS n FROM pgfifo.job_attempt x WHERE x.job_id = t.id) AS m
     WHERE coalesce(m.n, 0) < t.max_attempts AND t.id <> ALL (v_refused)
     RETURNING a.job_id, a.attempt;
-    /*@end*/
-    -- Distributed: the jobs' parts and last attempts first, in one read of
-    -- every shard (these jobs come from several runners' picks), then the
-    -- records, each routed to its job's shard.
-    /*@dist
-    RETURN QUERY
-    WITH last AS (
-        SELECT j.id, j.part,
-               (SELECT max(x.attempt) FROM pgfifo.job_attempt AS x
-                WHERE x.part = j.part AND x.job_id = j.id) AS n
-        FROM pgfifo.job AS j WHERE j.id = ANY (p_ids))
-    INSERT INTO pgfifo.job_attempt AS a (job_id, attempt, runner, started_at, part)
-    SELECT t.id, coalesce(l.n, 0) + 1, p_runner, v_now, l.part
-    FROM unnest(p_ids, p_max) AS t(id, max_attempts)
-    JOIN last AS l ON l.id = t.id
-    WHERE coalesce(l.n, 0) < t.max_attempts AND t.id <> ALL (v_refused)
-    RETURNING a.job_id, a.attempt;
-    */
     IF cardinality(v_refused) > 0 THEN
         RETURN QUERY SELECT r.id, 0 FROM unnest(v_refused) AS r(id);
     END IF;
@@ -103,9 +91,9 @@ $$;
 
 -- Distributed: the same for jobs of one shard, whose parts the pick left in
 -- pgfifo.pick_parts (the runner passes them on), so that every statement
--- is routed to that shard: the rate-limited groups' tokens as above (their
--- buckets are on the groups' shard; queue limits refuse on this layout),
--- then the records.
+-- on a distributed table is routed to that shard: the rate-limited queues'
+-- tokens as above (their buckets are tables of the coordinator), the
+-- groups' (their buckets are on the groups' shard), then the records.
 /*@dist
 CREATE OR REPLACE FUNCTION pgfifo.start_attempts(p_ids bigint[], p_max integer[], p_runner text,
                                                  p_parts integer[])
@@ -116,11 +104,39 @@ AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_refused bigint[] := '{}';
+    v_q_refused bigint[] := '{}';
+    v_q_took boolean := false;
+    v_queues text[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
-        v_refused := pgfifo.take_start_tokens(p_ids, v_now, p_parts);
+    -- (As above: the queues' buckets locked first, in queue order, and
+    -- the starts' time read once they are held.)
+    IF EXISTS (SELECT 1 FROM pgfifo.queue_control AS c WHERE c.rate_count IS NOT NULL) THEN
+        -- (The jobs' queues read first: the buckets are plain tables of the
+        -- coordinator, which Citus does not lock in one statement with a
+        -- distributed table.)
+        v_queues := ARRAY(SELECT DISTINCT j.queue FROM pgfifo.job AS j
+                          WHERE j.part = ANY (p_parts) AND j.id = ANY (p_ids));
+        PERFORM 1 FROM pgfifo.queue_bucket AS b
+        WHERE b.queue = ANY (v_queues)
+          AND EXISTS (SELECT 1 FROM pgfifo.queue_control AS c
+                      WHERE c.queue = b.queue AND c.rate_count IS NOT NULL)
+        ORDER BY b.queue
+        FOR UPDATE;
+        IF FOUND THEN
+            v_now := clock_timestamp();
+        END IF;
+        v_q_refused := pgfifo.take_queue_tokens(p_ids, v_now, p_parts);
+        v_q_took := true;
     END IF;
+    IF EXISTS (SELECT 1 FROM pgfifo.group_control) THEN
+        v_refused := pgfifo.take_start_tokens(
+            ARRAY(SELECT i FROM unnest(p_ids) AS i WHERE i <> ALL (v_q_refused)), v_now, p_parts);
+        IF v_q_took AND cardinality(v_refused) > 0 THEN
+            PERFORM pgfifo.give_back_queue_tokens(v_refused, v_now);
+        END IF;
+    END IF;
+    v_refused := v_refused || v_q_refused;
     -- (A join, not a correlated subquery, and materialized: Citus prunes
     -- the read to the one shard only so; the insert then routes its rows.)
     RETURN QUERY

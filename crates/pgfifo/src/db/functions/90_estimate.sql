@@ -13,14 +13,53 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_plan json;
+    /*@dist v_sum bigint; */
 BEGIN
     -- (Distributed: the coordinator keeps no statistics of the shards'
-    -- rows, and its planner's guess for a distributed table is no count.)
-    /*@dist RETURN NULL; */
+    -- rows; each worker keeps its shards'. The estimate of every shard of
+    -- the job table, on its worker, added up; NULL while none of them was
+    -- analyzed.)
+    /*@dist
+    SELECT sum(r.result::bigint) INTO v_sum
+    FROM run_command_on_shards(
+        'pgfifo.job',
+        'SELECT pgfifo.estimate_rows(''%s'', ' || quote_literal(p_queue) || ', '
+            || quote_literal(p_state) || ')') AS r
+    WHERE r.success AND r.result ~ '^[0-9]+$';
+    RETURN v_sum;
+    */
     IF (SELECT c.reltuples < 0 FROM pg_class AS c WHERE c.oid = 'pgfifo.job'::regclass) THEN
         RETURN NULL;
     END IF;
     EXECUTE 'EXPLAIN (FORMAT JSON) SELECT 1 FROM pgfifo.job WHERE queue = $1 AND state = $2'
+        INTO v_plan USING p_queue, p_state;
+    RETURN (v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::bigint;
+END
+$$;
+
+-- The same estimate for the job table p_table, one of its shards on the
+-- distributed layout (estimate_jobs calls it on each worker, for each of
+-- its shards). A small shard (under 10,000 rows when last analyzed) is
+-- counted instead: the planner's floor of one row per shard would
+-- otherwise add up to the number of shards for a state that has none.
+CREATE OR REPLACE FUNCTION pgfifo.estimate_rows(p_table text, p_queue text, p_state text)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_plan json;
+    v_rows real := (SELECT c.reltuples FROM pg_class AS c WHERE c.oid = p_table::regclass);
+    v_n    bigint;
+BEGIN
+    IF v_rows IS NULL OR v_rows < 0 THEN
+        RETURN NULL; -- never analyzed
+    ELSIF v_rows < 10000 THEN
+        EXECUTE format('SELECT count(*) FROM %s WHERE queue = $1 AND state = $2', p_table::regclass)
+            INTO v_n USING p_queue, p_state;
+        RETURN v_n;
+    END IF;
+    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM %s WHERE queue = $1 AND state = $2',
+                   p_table::regclass)
         INTO v_plan USING p_queue, p_state;
     RETURN (v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::bigint;
 END

@@ -1,0 +1,189 @@
+//! Queue limits on the distributed layout, whose slots and bucket are
+//! tables of the coordinator: a queue of concurrency 3 runs at most three
+//! jobs at once across two runners and every shard, one per group; a queue
+//! rate bounds every window of its starts; the operator reads the limits
+//! and their use.
+
+use diesel_async::AsyncPgConnection;
+use pgfifo::admin;
+use pgfifo::migrate::Layout;
+use pgfifo::{EnqueueOptions, NewJob, QueueLimits, Rate};
+use pgfifo_tests::query::text;
+use pgfifo_tests::test_config;
+
+use crate::coordinator::{cluster_with, count, wait_for};
+use crate::jobs::LogJob;
+
+/// A `LogJob` of `group` (ungrouped for "") that works for `hold_ms`.
+fn work(group: &str, seq: i64, hold_ms: u64) -> NewJob {
+    let job = LogJob {
+        group: if group.is_empty() { "-" } else { group }.to_owned(),
+        seq,
+        fail_first: false,
+        hold_ms,
+    };
+    let options = if group.is_empty() {
+        EnqueueOptions::ungrouped()
+    } else {
+        EnqueueOptions::group(group)
+    };
+    NewJob::new(&job, options).expect("new job")
+}
+
+/// The most runs of `citus_log` rows matching `filter` that overlapped.
+async fn peak(conn: &mut AsyncPgConnection, filter: &str) -> i64 {
+    count(
+        conn,
+        &format!(
+            "SELECT coalesce(max(c), 0) FROM (SELECT (SELECT count(*) FROM citus_log b
+                 WHERE {filter} AND b.started_at <= a.started_at AND b.ended_at > a.started_at) AS c
+             FROM citus_log a WHERE {}) s",
+            filter.replace("b.", "a.")
+        ),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn queue_limits_on_the_distributed_layout() {
+    let (cluster, mut conn) = cluster_with(Layout::Distributed).await;
+    let url = cluster.url();
+
+    // Concurrency 3 over six groups and ungrouped jobs, two runners.
+    admin::set_queue_limits(&mut conn, "citus", QueueLimits::new().concurrency(3))
+        .await
+        .expect("limits");
+    let mut jobs = Vec::new();
+    for seq in 0..4 {
+        for group in ["a", "b", "c", "d", "e", "f", ""] {
+            jobs.push(work(group, seq, 40));
+        }
+    }
+    let n = jobs.len() as i64;
+    pgfifo::enqueue_batch(&mut conn, jobs)
+        .await
+        .expect("enqueue");
+    let mut runners = Vec::new();
+    for _ in 0..2 {
+        let pool = pgfifo::connect(&url, 10).await.expect("pool");
+        runners.push(
+            pgfifo::runner::start(pool, test_config().concurrency(6))
+                .await
+                .expect("a runner with queue limits on the distributed layout"),
+        );
+    }
+    wait_for(
+        &url,
+        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
+        n,
+    )
+    .await;
+    let usage = admin::queue_usage(&mut conn, "citus")
+        .await
+        .expect("usage")
+        .expect("the queue's limits");
+    assert_eq!(usage.limits.concurrency, Some(3));
+    for runner in runners {
+        runner.shutdown().await.expect("shutdown");
+    }
+    let queue_peak = peak(&mut conn, "true").await;
+    assert!(
+        (2..=3).contains(&queue_peak),
+        "{queue_peak} jobs of a queue of concurrency 3 ran at once"
+    );
+    for group in ["a", "b", "c", "d", "e", "f"] {
+        assert_eq!(
+            peak(&mut conn, &format!("b.grp = '{group}'")).await,
+            1,
+            "group {group}"
+        );
+    }
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM citus_log").await,
+        n,
+        "each job ran once"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM citus_log a JOIN citus_log b ON a.grp = b.grp AND a.seq < b.seq
+             WHERE a.grp <> '-' AND a.started_at > b.started_at"
+        )
+        .await,
+        0,
+        "a group's jobs started out of order"
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM pgfifo.queue_slot WHERE queue = 'citus'"
+        )
+        .await,
+        3
+    );
+
+    // A rate instead: 4 a second with a burst of 2, over every window of
+    // the recorded starts (the tokens' times), grouped and ungrouped.
+    admin::reset_queue_limits(&mut conn, "citus")
+        .await
+        .expect("reset");
+    let rate = QueueLimits::new()
+        .rate(Rate::per_second(4).unwrap())
+        .burst(2);
+    admin::set_queue_limits(&mut conn, "citus", rate)
+        .await
+        .expect("limits");
+    diesel_async::RunQueryDsl::execute(diesel::sql_query("TRUNCATE citus_log"), &mut conn)
+        .await
+        .expect("truncate");
+    let first_new = count(&mut conn, "SELECT max(id) FROM pgfifo.job").await;
+    let mut jobs = Vec::new();
+    for seq in 0..3 {
+        for group in ["p", "q", ""] {
+            jobs.push(work(group, seq, 0));
+        }
+    }
+    pgfifo::enqueue_batch(&mut conn, jobs)
+        .await
+        .expect("enqueue");
+    let pool = pgfifo::connect(&url, 10).await.expect("pool");
+    let runner = pgfifo::runner::start(pool, test_config().concurrency(4))
+        .await
+        .expect("runner");
+    wait_for(
+        &url,
+        "SELECT count(*) FROM pgfifo.job WHERE state = 'succeeded'",
+        n + 9,
+    )
+    .await;
+    runner.shutdown().await.expect("shutdown");
+    let starts = text(
+        &mut conn,
+        &format!(
+            "SELECT string_agg(extract(epoch FROM a.started_at)::text, ',' ORDER BY a.started_at)
+             FROM pgfifo.job_attempt a JOIN pgfifo.job j ON j.part = a.part AND j.id = a.job_id
+             WHERE j.id > {first_new}"
+        ),
+    )
+    .await
+    .expect("starts");
+    let starts: Vec<f64> = starts.split(',').map(|s| s.parse().unwrap()).collect();
+    assert_eq!(starts.len(), 9, "one recorded start per job");
+    for i in 0..starts.len() {
+        for j in i..starts.len() {
+            let allowed = 2.0 + 4.0 * (starts[j] - starts[i]) + 0.01;
+            assert!(
+                (j - i + 1) as f64 <= allowed,
+                "{} starts in {:.3} s",
+                j - i + 1,
+                starts[j] - starts[i]
+            );
+        }
+    }
+    assert!(
+        starts[8] - starts[0] >= 1.7,
+        "9 starts at 4 a second with a burst of 2 took {:.3} s",
+        starts[8] - starts[0]
+    );
+}
