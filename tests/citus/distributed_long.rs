@@ -103,6 +103,32 @@ async fn long_mode_on_the_distributed_layout() {
         .await,
         1
     );
+    // The holder's heartbeat renews the lease (an update of every shard:
+    // its runs may be on any). (In a transaction: the runner's own renewal
+    // waits for it.)
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "BEGIN")
+        .await
+        .expect("begin");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(pgfifo.renew_long_runs(ARRAY(SELECT token FROM pgfifo.job_run), 3600000))"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM pgfifo.job_run WHERE lease_until > now() + interval '50 minutes'"
+        )
+        .await,
+        1,
+        "the lease was renewed"
+    );
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "COMMIT")
+        .await
+        .expect("commit");
     let other = ShortJob.enqueue(&mut conn, "other").await.expect("enqueue");
     wait_for(
         &url,

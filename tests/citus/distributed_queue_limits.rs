@@ -158,6 +158,13 @@ async fn queue_limits_on_the_distributed_layout() {
     )
     .await;
     runner.shutdown().await.expect("shutdown");
+    let usage = admin::queue_usage(&mut conn, "citus")
+        .await
+        .expect("usage")
+        .expect("the queue's limits");
+    assert_eq!(usage.limits.rate, Some(Rate::per_second(4).unwrap()));
+    let tokens = usage.tokens.expect("the bucket's tokens");
+    assert!((0.0..=2.0).contains(&tokens), "{usage:?}");
     let starts = text(
         &mut conn,
         &format!(
@@ -186,4 +193,125 @@ async fn queue_limits_on_the_distributed_layout() {
         "9 starts at 4 a second with a burst of 2 took {:.3} s",
         starts[8] - starts[0]
     );
+}
+
+/// The distributed pick visits shards one after another in one
+/// transaction: a visit that took a queue's slot and found nothing must
+/// not keep it while a later visit takes another queue's jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Citus (scripts/citus-build.sh); .ci/run runs it"]
+async fn a_visit_that_gives_nothing_keeps_no_queue_slot() {
+    let (cluster, mut conn) = cluster_with(Layout::Distributed).await;
+    admin::set_queue_limits(&mut conn, "citus", QueueLimits::new().concurrency(1))
+        .await
+        .expect("limits");
+    // Queue "citus": ungrouped jobs on many shards, which another
+    // transaction holds, so that a visit finds its work and takes nothing.
+    pgfifo::enqueue_batch(&mut conn, (0..64).map(|seq| work("", seq, 0)))
+        .await
+        .expect("enqueue");
+    let q_shard = count(
+        &mut conn,
+        "SELECT min(s.shard) FROM pgfifo.layout_shard AS s
+         JOIN pgfifo.job AS j ON j.part = ANY (s.parts) WHERE j.queue = 'citus'",
+    )
+    .await;
+    // Queue "citus_long" (no limits): one job, in a group on the next
+    // shard in the pick's order.
+    let group = text(
+        &mut conn,
+        &format!(
+            "SELECT g FROM generate_series(0, 10000) AS n, LATERAL (SELECT 'r' || n AS g) AS x
+             JOIN pgfifo.layout_shard AS s ON pgfifo.part_of('citus_long', x.g) = ANY (s.parts)
+             WHERE s.shard = ({q_shard} + 1) % (SELECT count(*) FROM pgfifo.layout_shard)
+             ORDER BY n LIMIT 1"
+        ),
+    )
+    .await
+    .expect("a group on the next shard");
+    let other = count(
+        &mut conn,
+        &format!(
+            "SELECT pgfifo.add_job(kind => 'citus.other', queue => 'citus_long', payload => '{{}}',
+                                   group_id => '{group}')"
+        ),
+    )
+    .await;
+    count(
+        &mut conn,
+        "SELECT count(pgfifo.promote(ARRAY['citus_long'], 10))",
+    )
+    .await;
+
+    let mut holder = cluster.coordinator_conn().await.expect("coordinator");
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut holder, "BEGIN")
+        .await
+        .expect("begin");
+    let jobs = text(
+        &mut conn,
+        "SELECT string_agg(id || ':' || part, ',') FROM pgfifo.job WHERE queue = 'citus'",
+    )
+    .await
+    .expect("jobs");
+    for job in jobs.split(',') {
+        let (id, part) = job.split_once(':').expect("id:part");
+        count(
+            &mut holder,
+            &format!("SELECT count(*) FROM (SELECT 1 FROM pgfifo.job WHERE part = {part} AND id = {id} FOR UPDATE) s"),
+        )
+        .await;
+    }
+
+    // The pick, in a job transaction, with its first shard the one where
+    // "citus" has (held) work and "citus_long" visited first in each shard.
+    let pid = count(&mut conn, "SELECT pg_backend_pid()::bigint").await;
+    let shards = count(&mut conn, "SELECT count(*) FROM pgfifo.layout_shard").await;
+    let turn = (q_shard - pid).rem_euclid(shards);
+    // (Each visit starts at queue `turn` modulo their number.)
+    let queues = if turn % 2 == 0 {
+        "ARRAY['citus_long', 'citus']"
+    } else {
+        "ARRAY['citus', 'citus_long']"
+    };
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "BEGIN; SELECT set_config('pgfifo.job_transaction', 'on', true)",
+    )
+    .await
+    .expect("begin");
+    let picked = text(
+        &mut conn,
+        &format!(
+            "SELECT string_agg(coalesce(p.id::text, 'none'), ',') FROM pgfifo.pick(
+                 {queues}, {turn}, 0, ARRAY[]::text[], ARRAY[]::integer[], 0, 4) AS p"
+        ),
+    )
+    .await;
+    assert_eq!(picked, Some(other.to_string()), "the other queue's job");
+    assert_eq!(
+        text(
+            &mut conn,
+            "SELECT coalesce(current_setting('pgfifo.queue_slot', true), '')"
+        )
+        .await,
+        Some(String::new()),
+        "the pick keeps a slot of the queue it took nothing from"
+    );
+    let mut third = cluster.coordinator_conn().await.expect("coordinator");
+    assert_eq!(
+        count(
+            &mut third,
+            "SELECT count(*) FROM (SELECT 1 FROM pgfifo.queue_slot WHERE queue = 'citus'
+                                   FOR UPDATE SKIP LOCKED) s"
+        )
+        .await,
+        1,
+        "the queue's one slot is free"
+    );
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut conn, "ROLLBACK")
+        .await
+        .expect("rollback");
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut holder, "ROLLBACK")
+        .await
+        .expect("rollback");
 }

@@ -82,9 +82,9 @@ async fn status_listings_and_dashboard_on_the_distributed_layout() {
     assert_eq!(queue.blocked_groups.held, 1, "{queue:?}");
     assert_eq!(queue.blocked_groups.paused, 1, "{queue:?}");
     assert_eq!(queue.runners, 1, "{queue:?}");
-    // The estimates of the final states: none while no shard of the job
-    // table was analyzed; then each worker's shards' figures added up
-    // (small shards, as here, counted).
+    // The estimates of the final states, once the job table's shards are
+    // analyzed (autovacuum may have done it already): each worker's
+    // shards' figures added up (small shards, as here, counted).
     diesel_async::RunQueryDsl::execute(diesel::sql_query("ANALYZE pgfifo.job"), &mut conn)
         .await
         .expect("analyze");

@@ -50,14 +50,27 @@ FROM pgfifo.queue_control AS c
 WHERE c.queue = ANY ($1) AND c.rate_count IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_setting AS s WHERE s.queue = c.queue AND s.paused)";
 
+/// The same on the distributed layout, where the limits are tables of the
+/// coordinator and the work is on the workers: a function that reads them
+/// apart (`pgfifo.rate_limited_queues`, 16_queue_limits.sql).
+const RATE_LIMITED_DISTRIBUTED: &str = "\
+SELECT r.queue, r.tokens, r.per_second, r.burst, r.ready FROM pgfifo.rate_limited_queues($1) AS r";
+
 /// The rate-limited queues among `queues` (not paused), and whether each
-/// has work ready now.
+/// has work ready now; `distributed`: the database has the distributed
+/// layout.
 pub(crate) async fn rate_limited(
     conn: &mut AsyncPgConnection,
     queues: &[String],
+    distributed: bool,
 ) -> diesel::QueryResult<Vec<QueueBucket>> {
+    let sql = if distributed {
+        RATE_LIMITED_DISTRIBUTED
+    } else {
+        RATE_LIMITED
+    };
     pinned(conn, async |conn| {
-        cached(RATE_LIMITED, (bind::<Array<Text>, _>(queues),))
+        cached(sql, (bind::<Array<Text>, _>(queues),))
             .load(conn)
             .await
     })

@@ -260,16 +260,13 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
     let tokens = queue_tokens::QueueTokens {
         pool: pool.clone(),
         queues: queues.clone(),
+        distributed,
         poll_interval: config.poll_interval,
         round_trip: config.round_trip_timeout,
         timer: timer.clone(),
         look,
     };
-    // (Not on the distributed layout, which has no queue limits yet; nor
-    // the sweep below, whose statements are not ported.)
-    if !distributed {
-        tracker.spawn(tokens.run(stop.clone()));
-    }
+    tracker.spawn(tokens.run(stop.clone()));
     let heartbeat = Heartbeat {
         pool: pool.clone(),
         name: config.name.clone(),
@@ -300,6 +297,8 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         };
         tracker.spawn(gauges.run(service.clone()));
     }
+    // (Not on the distributed layout, whose sweep statements are not
+    // ported.)
     if !distributed {
         tracker.spawn(
             maintenance::Sweep {

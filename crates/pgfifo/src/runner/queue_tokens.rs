@@ -50,6 +50,8 @@ pub(crate) struct QueueTokens {
     pub pool: Pool,
     /// The queues the runner serves.
     pub queues: Vec<String>,
+    /// The database has the distributed layout (Citus).
+    pub distributed: bool,
     /// How long it waits when no rate-limited queue has work ready.
     pub poll_interval: Duration,
     /// How long the server gets to answer a look.
@@ -66,7 +68,7 @@ impl QueueTokens {
         loop {
             let look = async {
                 let mut conn = pooled(&self.pool, self.round_trip).await?;
-                Ok(rate_limited(&mut conn, &self.queues).await?)
+                Ok(rate_limited(&mut conn, &self.queues, self.distributed).await?)
             };
             let looked = tokio::time::timeout(self.round_trip * 2, look)
                 .await

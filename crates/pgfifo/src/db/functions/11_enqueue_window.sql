@@ -272,7 +272,13 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_n bigint := 0;
-    /*@dist v_cand record; v_part integer; v_rows bigint; */
+    /*@dist
+    v_cand record;
+    v_part integer;
+    v_rows bigint;
+    v_seen integer;
+    v_after record;
+    */
 BEGIN
     IF to_regclass('pgfifo.job_window') IS NULL THEN
         RETURN 0;
@@ -297,30 +303,39 @@ BEGIN
     -- Distributed: a window and its job are on two parts. Candidates are
     -- the windows whose end has passed (a debounce window's end is its
     -- job's start: before it, the job cannot have started), read from
-    -- every shard without locks, a few more than the limit: a debounce
-    -- window still holds while its job waits for a lane. Each is then
-    -- deleted by a statement that names its part, under FOR UPDATE SKIP
-    -- LOCKED, if it still names the same job (an enqueue may have opened a
-    -- new window on the key meanwhile).
-    FOR v_cand IN
-        SELECT w.part, w.queue, w.key, w.mode, w.job_id, w.job_part FROM pgfifo.job_window AS w
-        WHERE w.until <= now()
-        LIMIT 4 * p_limit
+    -- every shard without locks, a page at a time in key order: a debounce
+    -- window still holds while its job waits for a lane, and is passed.
+    -- Each other is deleted by a statement that names its part, under FOR
+    -- UPDATE SKIP LOCKED, if it still names the same job (an enqueue may
+    -- have opened a new window on the key meanwhile).
+    SELECT -1 AS part, ''::text AS queue, ''::text AS key INTO v_after;
     LOOP
-        EXIT WHEN v_n >= p_limit;
-        CONTINUE WHEN v_cand.mode = 'debounce'
-                      AND EXISTS (SELECT 1 FROM pgfifo.job AS j
-                                  WHERE j.part = v_cand.job_part AND j.id = v_cand.job_id
-                                    AND j.state = 'queued' AND j.attempts = 0);
-        v_part := v_cand.part;
-        DELETE FROM pgfifo.job_window AS w
-        WHERE w.part = v_part AND (w.queue, w.key) IN (
-            SELECT x.queue, x.key FROM pgfifo.job_window AS x
-            WHERE x.part = v_part AND x.queue = v_cand.queue AND x.key = v_cand.key
-              AND x.job_id = v_cand.job_id AND x.until <= now()
-            FOR UPDATE SKIP LOCKED);
-        GET DIAGNOSTICS v_rows = ROW_COUNT;
-        v_n := v_n + v_rows;
+        v_seen := 0;
+        FOR v_cand IN
+            SELECT w.part, w.queue, w.key, w.mode, w.job_id, w.job_part
+            FROM pgfifo.job_window AS w
+            WHERE w.until <= now() AND (w.part, w.queue, w.key) > (v_after.part, v_after.queue, v_after.key)
+            ORDER BY w.part, w.queue, w.key
+            LIMIT p_limit
+        LOOP
+            v_seen := v_seen + 1;
+            v_after := v_cand;
+            CONTINUE WHEN v_cand.mode = 'debounce'
+                          AND EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                      WHERE j.part = v_cand.job_part AND j.id = v_cand.job_id
+                                        AND j.state = 'queued' AND j.attempts = 0);
+            v_part := v_cand.part;
+            DELETE FROM pgfifo.job_window AS w
+            WHERE w.part = v_part AND (w.queue, w.key) IN (
+                SELECT x.queue, x.key FROM pgfifo.job_window AS x
+                WHERE x.part = v_part AND x.queue = v_cand.queue AND x.key = v_cand.key
+                  AND x.job_id = v_cand.job_id AND x.until <= now()
+                FOR UPDATE SKIP LOCKED);
+            GET DIAGNOSTICS v_rows = ROW_COUNT;
+            v_n := v_n + v_rows;
+            EXIT WHEN v_n >= p_limit;
+        END LOOP;
+        EXIT WHEN v_n >= p_limit OR v_seen < p_limit;
     END LOOP;
     */
     RETURN v_n;

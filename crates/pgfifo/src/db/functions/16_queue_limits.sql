@@ -332,3 +332,42 @@ BEGIN
     PERFORM pg_notify('pgfifo_groups', p_queue);
 END
 $$;
+
+-- Distributed: the runner's queue-token watch (db/queue_rate.rs runs one
+-- statement on a plain database): of p_queues, those with a rate and not
+-- paused, each with its bucket and whether it has a group whose head may
+-- start by its time or an ungrouped job that may start now. The limits and
+-- buckets are read on the coordinator; the work, per queue, with one read
+-- of every shard, which stops at the first ready row.
+/*@dist
+CREATE OR REPLACE FUNCTION pgfifo.rate_limited_queues(p_queues text[])
+RETURNS TABLE (queue text, tokens double precision, per_second double precision,
+               burst integer, ready boolean)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now    timestamptz := now();
+    v_paused text[] := ARRAY(SELECT s.queue FROM pgfifo.queue_setting AS s
+                             WHERE s.queue = ANY (p_queues) AND s.paused);
+    c        record;
+BEGIN
+    FOR c IN
+        SELECT l.queue, l.rate_count, l.rate_period_ms, coalesce(l.burst, l.rate_count) AS burst
+        FROM pgfifo.queue_control AS l
+        WHERE l.queue = ANY (p_queues) AND l.rate_count IS NOT NULL AND l.queue <> ALL (v_paused)
+        ORDER BY l.queue
+    LOOP
+        queue := c.queue;
+        tokens := pgfifo.queue_bucket_tokens(c.queue, v_now, c.rate_count, c.rate_period_ms, c.burst);
+        per_second := c.rate_count * 1000.0::float8 / c.rate_period_ms;
+        burst := c.burst;
+        ready := EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                         WHERE g.queue = c.queue AND g.ready_at IS NOT NULL AND g.ready_at <= v_now)
+                 OR EXISTS (SELECT 1 FROM pgfifo.job AS j
+                            WHERE j.queue = c.queue AND j.state = 'queued' AND j.group_id IS NULL
+                              AND j.run_after <= v_now);
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+*/

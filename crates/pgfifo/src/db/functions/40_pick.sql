@@ -260,6 +260,18 @@ BEGIN
                 CONTINUE WHEN v_ql.rate_count IS NOT NULL
                               AND pgfifo.queue_bucket_due(v_q, v_now, v_ql.rate_count, v_ql.rate_period_ms,
                                                           v_ql.burst) > v_now;
+                -- (Distributed: a shard with no ready work of the queue
+                -- is passed by before its slot is taken; the pick visits
+                -- shards one after another in one transaction.)
+                /*@dist
+                CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                                          WHERE g.queue = v_q AND g.ready_at IS NOT NULL
+                                            AND g.ready_at <= v_now AND g.part = ANY (p_parts))
+                              AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
+                                              WHERE j.queue = v_q AND j.group_id IS NULL
+                                                AND j.state = 'queued' AND j.run_after <= v_now
+                                                AND j.part = ANY (p_parts));
+                */
                 IF v_ql.concurrency IS NOT NULL THEN
                     -- Slots at or above a lowered concurrency (rows the
                     -- change left, see change_queue_control): the free
@@ -886,7 +898,11 @@ $$;
 -- that one read. The shard it took jobs from stays in the
 -- transaction's setting pgfifo.pick_parts, for the completion of its
 -- jobs. Every job row says `more`: other shards may have work that this
--- pick did not look at.
+-- pick did not look at. Where one of the queues has a concurrency limit,
+-- a shard's visit that gives nothing is rolled back (a subtransaction):
+-- the queue slot it took (the row, its advisory lock, the setting) must
+-- not stay held while the pick goes on to other shards and other queues'
+-- jobs.
 /*@dist
 CREATE OR REPLACE FUNCTION pgfifo.pick(
     p_queues          text[],
@@ -913,6 +929,9 @@ DECLARE
     v_ready  integer[];
     v_now    timestamptz := statement_timestamp();
     v_idle   boolean := coalesce(current_setting('pgfifo.pick_idle', true), '') = 'on';
+    v_slots  boolean := EXISTS (SELECT 1 FROM pgfifo.queue_control AS c
+                                WHERE c.queue = ANY (p_queues) AND c.concurrency IS NOT NULL);
+    v_found  boolean;
 BEGIN
     -- Pass 0: the turn's shard and the two after it. Pass 1: of the rest,
     -- those a read of every shard says have ready work. After an empty
@@ -937,12 +956,30 @@ BEGIN
                             AND s.parts && v_ready END
             ORDER BY (s.shard - v_start + v_shards) % v_shards
         LOOP
-            RETURN QUERY
-            SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
-                   p.id IS NOT NULL
-            FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
-                                p_default_idle_ms, p_limit, p_held) AS p;
-            IF FOUND THEN
+            IF NOT v_slots THEN
+                RETURN QUERY
+                SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
+                       p.id IS NOT NULL
+                FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
+                                    p_default_idle_ms, p_limit, p_held) AS p;
+                v_found := FOUND;
+            ELSE
+                v_found := false;
+                BEGIN
+                    RETURN QUERY
+                    SELECT p.id, p.queue, p.group_id, p.kind, p.payload, p.max_attempts, p.slot,
+                           p.id IS NOT NULL
+                    FROM pgfifo.pick_in(v_parts, p_queues, p_turn, p_slot, p_kinds, p_idle_ms,
+                                        p_default_idle_ms, p_limit, p_held) AS p;
+                    v_found := FOUND;
+                    IF NOT v_found THEN
+                        RAISE SQLSTATE 'PF002'; -- undo the visit: its queue slot goes back
+                    END IF;
+                EXCEPTION WHEN SQLSTATE 'PF002' THEN
+                    NULL;
+                END;
+            END IF;
+            IF v_found THEN
                 PERFORM set_config('pgfifo.pick_parts', v_parts::text, true);
                 IF v_idle THEN
                     PERFORM set_config('pgfifo.pick_idle', 'off', false);

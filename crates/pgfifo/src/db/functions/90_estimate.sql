@@ -18,14 +18,15 @@ BEGIN
     -- (Distributed: the coordinator keeps no statistics of the shards'
     -- rows; each worker keeps its shards'. The estimate of every shard of
     -- the job table, on its worker, added up; NULL while none of them was
-    -- analyzed.)
+    -- analyzed, and when a shard could not answer.)
     /*@dist
-    SELECT sum(r.result::bigint) INTO v_sum
+    SELECT CASE WHEN bool_and(r.success)
+                THEN sum(CASE WHEN r.result ~ '^[0-9]+$' THEN r.result::bigint END) END
+    INTO v_sum
     FROM run_command_on_shards(
         'pgfifo.job',
         'SELECT pgfifo.estimate_rows(''%s'', ' || quote_literal(p_queue) || ', '
-            || quote_literal(p_state) || ')') AS r
-    WHERE r.success AND r.result ~ '^[0-9]+$';
+            || quote_literal(p_state) || ')') AS r;
     RETURN v_sum;
     */
     IF (SELECT c.reltuples < 0 FROM pg_class AS c WHERE c.oid = 'pgfifo.job'::regclass) THEN
@@ -39,9 +40,11 @@ $$;
 
 -- The same estimate for the job table p_table, one of its shards on the
 -- distributed layout (estimate_jobs calls it on each worker, for each of
--- its shards). A small shard (under 10,000 rows when last analyzed) is
--- counted instead: the planner's floor of one row per shard would
--- otherwise add up to the number of shards for a state that has none.
+-- its shards; only on that layout). A small shard (under 10,000 rows when
+-- last analyzed) is counted instead: the planner's floor of one row per
+-- shard would otherwise add up to the number of shards for a state that
+-- has none.
+/*@dist
 CREATE OR REPLACE FUNCTION pgfifo.estimate_rows(p_table text, p_queue text, p_state text)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -64,3 +67,4 @@ BEGIN
     RETURN (v_plan -> 0 -> 'Plan' ->> 'Plan Rows')::bigint;
 END
 $$;
+*/
