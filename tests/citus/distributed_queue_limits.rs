@@ -165,6 +165,17 @@ async fn queue_limits_on_the_distributed_layout() {
     assert_eq!(usage.limits.rate, Some(Rate::per_second(4).unwrap()));
     let tokens = usage.tokens.expect("the bucket's tokens");
     assert!((0.0..=2.0).contains(&tokens), "{usage:?}");
+    // What the runner's token watch reads: the queue, its burst, no work.
+    assert_eq!(
+        text(
+            &mut conn,
+            "SELECT string_agg(queue || ' ' || burst || ' ' || per_second || ' ' || ready, ',')
+             FROM pgfifo.rate_limited_queues(ARRAY['citus', 'citus_long'])"
+        )
+        .await
+        .as_deref(),
+        Some("citus 2 4 false")
+    );
     let starts = text(
         &mut conn,
         &format!(
