@@ -23,6 +23,7 @@ use pgfifo::admin::FinishedState;
 use pgfifo::JobId;
 
 use crate::args::{job_id, limit, PolicyArg, PurgeState, StateArg};
+use crate::commands::migrate::MigrateAction;
 use crate::error::{CliError, CliResult};
 use crate::output::Output;
 
@@ -222,34 +223,6 @@ enum Command {
     /// The job types this binary knows: kind, queue, settings, payload schema
     #[command(long_about = commands::job_types::ABOUT)]
     JobTypes,
-}
-
-/// `pgfifo migrate ...`.
-#[derive(Debug, Subcommand)]
-enum MigrateAction {
-    /// Apply every pending migration
-    ///
-    /// Idempotent, and safe to run from several processes at once.
-    Up,
-    /// Revert the newest N applied migrations
-    ///
-    /// Reverting the first migration drops the pgfifo schema with every job
-    /// in it. Nothing is reverted (exit 1) when fewer than N are applied.
-    Down {
-        /// How many migrations to revert (at least 1, at most the number applied).
-        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
-        n: u32,
-    },
-    /// List the migrations this tool knows and whether each is applied
-    Status,
-    /// Spread pgfifo's tables over a Citus cluster (the distributed layout)
-    ///
-    /// Run on the Citus coordinator after `migrate up`, with runners
-    /// stopped: it copies every row, in one transaction. There is no way
-    /// back to the plain layout. Refused on a database without Citus, on a
-    /// worker node, and where a group's weight is set; a second run does
-    /// nothing. See docs/scaling.md for what runs on that layout.
-    Distribute,
 }
 
 /// `pgfifo status`.

@@ -1,5 +1,6 @@
 //! `pgfifo migrate up | down N | status | distribute`.
 
+use clap::Subcommand;
 use pgfifo::diesel_async::AsyncPgConnection;
 use pgfifo::migrate::{
     self, Distributed, FunctionsStatus, Layout, MigrationStatus, SchemaStatus, MIGRATIONS,
@@ -8,6 +9,34 @@ use serde::Serialize;
 
 use crate::error::{CliError, CliResult};
 use crate::output::{plural, yes_no, Output, Table};
+
+/// `pgfifo migrate ...`.
+#[derive(Debug, Subcommand)]
+pub enum MigrateAction {
+    /// Apply every pending migration
+    ///
+    /// Idempotent, and safe to run from several processes at once.
+    Up,
+    /// Revert the newest N applied migrations
+    ///
+    /// Reverting the first migration drops the pgfifo schema with every job
+    /// in it. Nothing is reverted (exit 1) when fewer than N are applied.
+    Down {
+        /// How many migrations to revert (at least 1, at most the number applied).
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        n: u32,
+    },
+    /// List the migrations this tool knows and whether each is applied
+    Status,
+    /// Spread pgfifo's tables over a Citus cluster (the distributed layout)
+    ///
+    /// Run on the Citus coordinator after `migrate up`, with runners
+    /// stopped: it copies every row, in one transaction. There is no way
+    /// back to the plain layout. Refused on a database without Citus, on a
+    /// worker node, and where a group's weight is set; a second run does
+    /// nothing. See docs/scaling.md for what runs on that layout.
+    Distribute,
+}
 
 /// A migration as `up` and `down` report it.
 #[derive(Debug, Serialize)]
