@@ -126,7 +126,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
             "{layout}"
         );
     }
-    for reference in ["queue_setting", "group_control"] {
+    for reference in ["queue_setting"] {
         assert!(
             layout.contains(&format!("pgfifo.{reference} - n")),
             "{reference} is not a reference table: {layout}"
@@ -137,6 +137,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         "queue_minute",
         "schedule",
         "schedule_tick",
+        "group_control",
         "queue_control",
         "queue_slot",
         "queue_bucket",
@@ -291,7 +292,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
         matches!(refused, pgfifo::Error::NotDistributed(_)),
         "{refused}"
     );
-    // The group limits set before came along (a reference table); a
+    // The group limits set before stayed (a table of the coordinator); a
     // weight is refused, naming it.
     assert_eq!(
         text(

@@ -235,9 +235,9 @@ pub enum Distributed {
 /// Lays pgfifo's tables out over a Citus cluster, on its coordinator:
 /// every row of a group (its row, jobs, attempts, bucket, slots…) gets the
 /// group's part and the tables are distributed by it, co-located; the
-/// batches' rows are distributed by batch; queue settings and group limits
-/// become reference tables; the runners, the minute counts, the schedules
-/// and the queue limits stay on the coordinator (see
+/// batches' rows are distributed by batch; the queue settings become a
+/// reference table; the runners, the minute counts, the schedules and the
+/// group and queue limits stay on the coordinator (see
 /// `db/citus/distribute.sql` and docs/scaling.md). In one transaction,
 /// under the migrations' lock; it copies every row, so run it with runners
 /// stopped. There is no way back to the plain layout. The CLI's `pgfifo

@@ -15,19 +15,19 @@
 --    as if the key were a group.
 --  * the batches' own rows (batch, batch_shard, batch_callback),
 --    distributed by batch id in a colocation group of their own;
---  * small tables read everywhere and written rarely (queue settings,
---    group limits), reference tables: a copy on every node. Group limits
---    are among them: every pick in a queue reads whether it has any, and
---    its queue's defaults, which would otherwise be on one shard for all
---    its groups; an operator writes them, rarely.
+--  * small tables read everywhere and written rarely (queue settings),
+--    reference tables: a copy on every node.
 -- The runners' registry, the per-minute counts, the schedules and their
--- ticks, the queue limits with their slots and buckets, and the schema's
--- bookkeeping stay ordinary tables on the coordinator: only the
--- coordinator's sessions read or write them (a schedule's firing locks its
--- row there, FOR UPDATE SKIP LOCKED, for the transaction that enqueues its
--- jobs; a pick locks a queue's slot there for its job transaction, and a
--- start writes its queue's bucket there: as reference tables, each would
--- be a write to every node).
+-- ticks, the group limits, the queue limits with their slots and buckets,
+-- and the schema's bookkeeping stay ordinary tables on the coordinator:
+-- only the coordinator's sessions read or write them (a schedule's firing
+-- locks its row there, FOR UPDATE SKIP LOCKED, for the transaction that
+-- enqueues its jobs; a pick locks a queue's slot there for its job
+-- transaction, and a start writes its queue's bucket there: as reference
+-- tables, each would be a write to every node). The group limits are read
+-- by every pick, start and completion in a queue (whether it has any, and
+-- its defaults): a read of a local table, where a reference table's would
+-- go through Citus's planner each time.
 --
 -- Every primary key and unique index of a distributed table must hold the
 -- distribution column, so they gain `part`: a unique key is unique within
@@ -163,4 +163,4 @@ FROM generate_series(0, 1023) AS p
 GROUP BY get_shard_id_for_distribution_column('pgfifo.queue_group', p);
 
 SELECT create_reference_table('pgfifo.' || t)
-FROM unnest(ARRAY['queue_setting', 'group_control', 'layout_shard']) AS t;
+FROM unnest(ARRAY['queue_setting', 'layout_shard']) AS t;

@@ -107,7 +107,7 @@ BEGIN
         -- head, and the runner finds it when the head completes.)
         -- (In one statement with the group's row; in a branch, so that a
         -- schema without group controls never plans it. Distributed: the
-        -- limits, a reference table, are read apart, on this node.)
+        -- limits, a table of the coordinator, are read apart.)
         IF to_regclass('pgfifo.group_control') IS NOT NULL THEN
             /*@plain*/
             SELECT g.ready_at IS NOT NULL,

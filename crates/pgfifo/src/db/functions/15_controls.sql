@@ -37,8 +37,8 @@ CREATE OR REPLACE FUNCTION pgfifo.group_limits(
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    -- (Distributed: pgfifo.group_control is a reference table, read on
-    -- the node that runs this.)
+    -- (Distributed: pgfifo.group_control is a table of the coordinator,
+    -- where this runs.)
     SELECT coalesce(g.rate_count, d.rate_count),
            CASE WHEN g.rate_count IS NOT NULL THEN g.rate_period_ms ELSE d.rate_period_ms END,
            coalesce(g.burst, d.burst, g.rate_count, d.rate_count),
@@ -146,7 +146,10 @@ RETURNS bigint[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    /*@dist v_part integer; */
+    /*@dist
+    v_part integer;
+    v_cq   text[] := ARRAY(SELECT DISTINCT c.queue FROM pgfifo.group_control AS c);
+    */
     v_job     record;
     v_now     timestamptz := p_now;
     v_tokens  double precision;
@@ -158,8 +161,14 @@ BEGIN
     FOR v_job IN
         SELECT j.id, j.queue, j.group_id /*@dist , j.part */ FROM pgfifo.job AS j
         WHERE j.id = ANY (p_ids) AND j.group_id IS NOT NULL
+          /*@plain*/
           AND EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = j.queue)
-          /*@dist AND j.part = ANY (p_parts) */
+          /*@end*/
+          -- (Distributed: the queues with limits read first, on the
+          -- coordinator, where the limits are.)
+          /*@dist
+          AND j.queue = ANY (v_cq) AND j.part = ANY (p_parts)
+          */
         -- (Buckets and shares are locked in one order by every caller: no
         -- deadlock.)
         ORDER BY j.queue, j.group_id, j.id
@@ -397,7 +406,18 @@ CREATE OR REPLACE FUNCTION pgfifo.apply_group_control(p_queue text, p_group text
 RETURNS void
 LANGUAGE plpgsql
 AS $$
-/*@dist DECLARE v_now timestamptz := now(); */
+/*@dist
+DECLARE
+    v_now  timestamptz := now();
+    v_d    record;
+    v_own  record;
+    v_lim  record;
+    v_part integer;
+    -- The groups with limits of their own (p_group's, or the queue's):
+    -- those whose concurrency or burst is not the defaults'.
+    v_conc text[];
+    v_burst text[];
+*/
 BEGIN
     /*@plain*/
     PERFORM pgfifo.ensure_slots(g.queue, g.group_id, l.concurrency)
@@ -416,30 +436,54 @@ BEGIN
     WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
       AND g.ready_at > now();
     /*@end*/
-    -- Distributed: the same three statements, each run on every shard at
-    -- once (the limits, in the reference table pgfifo.group_control, are
-    -- joined where the groups are, as pgfifo.group_limits combines them;
-    -- Citus calls no function of pgfifo's on a worker).
+    -- Distributed: the limits are a table of the coordinator, which Citus
+    -- does not join with the groups' shards. The groups that take the
+    -- queue's defaults are handled by statements run on every shard at
+    -- once, with the defaults as values; each group with limits of its own
+    -- (few: an operator sets them one by one) by statements on its shard.
     /*@dist
-    INSERT INTO pgfifo.group_slot (queue, group_id, slot, part)
-    SELECT g.queue, g.group_id, s.n::smallint, g.part
-    FROM pgfifo.queue_group AS g
-    LEFT JOIN pgfifo.group_control AS d ON d.queue = g.queue AND d.group_id = ''
-    LEFT JOIN pgfifo.group_control AS c ON c.queue = g.queue AND c.group_id = g.group_id
-    CROSS JOIN LATERAL generate_series(
-        0, least(coalesce(c.concurrency, d.concurrency, 1), 1000) - 1) AS s(n)
-    WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
-      AND coalesce(c.concurrency, d.concurrency, 1) > 1
-    ON CONFLICT DO NOTHING;
-    UPDATE pgfifo.group_bucket AS b SET tokens = r.burst
-    FROM (SELECT o.part, o.queue, o.group_id, o.tokens,
-                 coalesce(c.burst, d.burst, c.rate_count, d.rate_count) AS burst
-          FROM pgfifo.group_bucket AS o
-          LEFT JOIN pgfifo.group_control AS d ON d.queue = o.queue AND d.group_id = ''
-          LEFT JOIN pgfifo.group_control AS c ON c.queue = o.queue AND c.group_id = o.group_id
-          WHERE o.queue = p_queue AND (p_group IS NULL OR o.group_id = p_group)) AS r
-    WHERE b.part = r.part AND b.queue = r.queue AND b.group_id = r.group_id
-      AND r.burst IS NOT NULL AND r.tokens > r.burst;
+    SELECT d.concurrency, coalesce(d.burst, d.rate_count) AS burst INTO v_d
+    FROM (SELECT) AS one
+    LEFT JOIN pgfifo.group_control AS d ON d.queue = p_queue AND d.group_id = '';
+    v_conc := ARRAY(SELECT c.group_id FROM pgfifo.group_control AS c
+                    WHERE c.queue = p_queue AND c.group_id <> '' AND c.concurrency IS NOT NULL
+                      AND (p_group IS NULL OR c.group_id = p_group));
+    v_burst := ARRAY(SELECT c.group_id FROM pgfifo.group_control AS c
+                     WHERE c.queue = p_queue AND c.group_id <> ''
+                       AND (c.burst IS NOT NULL OR c.rate_count IS NOT NULL)
+                       AND (p_group IS NULL OR c.group_id = p_group));
+    IF v_d.concurrency > 1 THEN
+        INSERT INTO pgfifo.group_slot (queue, group_id, slot, part)
+        SELECT g.queue, g.group_id, s.n::smallint, g.part
+        FROM pgfifo.queue_group AS g
+        CROSS JOIN generate_series(0, least(v_d.concurrency, 1000) - 1) AS s(n)
+        WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)
+          AND g.group_id <> ALL (v_conc)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    IF v_d.burst IS NOT NULL THEN
+        UPDATE pgfifo.group_bucket AS b SET tokens = v_d.burst
+        WHERE b.queue = p_queue AND (p_group IS NULL OR b.group_id = p_group)
+          AND b.group_id <> ALL (v_burst) AND b.tokens > v_d.burst;
+    END IF;
+    FOR v_own IN
+        SELECT c.group_id FROM pgfifo.group_control AS c
+        WHERE c.queue = p_queue AND c.group_id <> '' AND (p_group IS NULL OR c.group_id = p_group)
+        ORDER BY c.group_id
+    LOOP
+        v_part := pgfifo.part_of(p_queue, v_own.group_id);
+        SELECT * INTO v_lim FROM pgfifo.group_limits(p_queue, v_own.group_id);
+        IF v_lim.concurrency > 1
+           AND EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                       WHERE g.part = v_part AND g.queue = p_queue AND g.group_id = v_own.group_id) THEN
+            PERFORM pgfifo.ensure_slots(p_queue, v_own.group_id, v_lim.concurrency);
+        END IF;
+        IF v_own.group_id = ANY (v_burst) AND v_lim.burst IS NOT NULL THEN
+            UPDATE pgfifo.group_bucket AS b SET tokens = v_lim.burst
+            WHERE b.part = v_part AND b.queue = p_queue AND b.group_id = v_own.group_id
+              AND b.tokens > v_lim.burst;
+        END IF;
+    END LOOP;
     INSERT INTO pgfifo.group_wake (queue, group_id, part)
     SELECT g.queue, g.group_id, g.part FROM pgfifo.queue_group AS g
     WHERE g.queue = p_queue AND (p_group IS NULL OR g.group_id = p_group)

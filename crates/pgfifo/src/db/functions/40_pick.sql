@@ -325,7 +325,7 @@ BEGIN
             v_controlled := EXISTS (SELECT 1 FROM pgfifo.group_control AS c WHERE c.queue = v_q);
         END IF;
         v_heaviest := 1;
-        IF v_controlled THEN
+        IF v_controlled /*@dist AND false */ THEN
             SELECT coalesce(max(c.weight), 1) INTO v_heaviest
             FROM pgfifo.group_control AS c WHERE c.queue = v_q;
         END IF;
