@@ -260,11 +260,16 @@ BEGIN
                 CONTINUE WHEN v_ql.rate_count IS NOT NULL
                               AND pgfifo.queue_bucket_due(v_q, v_now, v_ql.rate_count, v_ql.rate_period_ms,
                                                           v_ql.burst) > v_now;
-                -- (Distributed: a shard with no ready work of the queue
-                -- is passed by before its slot is taken; the pick visits
-                -- shards one after another in one transaction.)
+                -- (Distributed, where the pick serves several queues: a
+                -- shard with no ready work of the queue is passed by
+                -- before its slot is taken, which would end the visit
+                -- (above) or be rolled back by pgfifo.pick. With one
+                -- queue, a later shard's visit takes its jobs under the
+                -- same slot, and the two reads would cost more than they
+                -- save.)
                 /*@dist
-                CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
+                CONTINUE WHEN v_n > 1
+                              AND NOT EXISTS (SELECT 1 FROM pgfifo.queue_group AS g
                                           WHERE g.queue = v_q AND g.ready_at IS NOT NULL
                                             AND g.ready_at <= v_now AND g.part = ANY (p_parts))
                               AND NOT EXISTS (SELECT 1 FROM pgfifo.job AS j
@@ -898,11 +903,14 @@ $$;
 -- that one read. The shard it took jobs from stays in the
 -- transaction's setting pgfifo.pick_parts, for the completion of its
 -- jobs. Every job row says `more`: other shards may have work that this
--- pick did not look at. Where one of the queues has a concurrency limit,
--- a shard's visit that gives nothing is rolled back (a subtransaction):
--- the queue slot it took (the row, its advisory lock, the setting) must
--- not stay held while the pick goes on to other shards and other queues'
--- jobs.
+-- pick did not look at. Where one of several queues has a concurrency
+-- limit, a shard's visit that gives nothing is rolled back (a
+-- subtransaction): the queue slot it took (the row, its advisory lock, the
+-- setting) must not stay held while the pick goes on to other shards and
+-- other queues' jobs. (With one queue, a later visit takes that queue's
+-- jobs under the same slot, as one server's pick would; and Citus sends
+-- each subtransaction's savepoints to the workers, which halved the
+-- drain of a limited queue.)
 /*@dist
 CREATE OR REPLACE FUNCTION pgfifo.pick(
     p_queues          text[],
@@ -929,8 +937,9 @@ DECLARE
     v_ready  integer[];
     v_now    timestamptz := statement_timestamp();
     v_idle   boolean := coalesce(current_setting('pgfifo.pick_idle', true), '') = 'on';
-    v_slots  boolean := EXISTS (SELECT 1 FROM pgfifo.queue_control AS c
-                                WHERE c.queue = ANY (p_queues) AND c.concurrency IS NOT NULL);
+    v_slots  boolean := cardinality(p_queues) > 1
+                        AND EXISTS (SELECT 1 FROM pgfifo.queue_control AS c
+                                    WHERE c.queue = ANY (p_queues) AND c.concurrency IS NOT NULL);
     v_found  boolean;
 BEGIN
     -- Pass 0: the turn's shard and the two after it. Pass 1: of the rest,
