@@ -126,7 +126,7 @@ async fn distribute_spreads_a_queue_over_both_workers_by_group() {
             "{layout}"
         );
     }
-    for reference in ["queue_setting"] {
+    for reference in ["queue_setting", "layout_shard"] {
         assert!(
             layout.contains(&format!("pgfifo.{reference} - n")),
             "{reference} is not a reference table: {layout}"

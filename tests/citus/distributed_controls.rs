@@ -392,20 +392,7 @@ async fn a_limited_groups_buckets_and_slots_are_read_and_written_on_its_shard() 
         "{} commands on the group's bucket and slots: {commands:?}",
         commands.len()
     );
-    let ids: Vec<String> = commands
-        .iter()
-        .flat_map(|(_, ids)| ids.iter().map(i64::to_string))
-        .collect();
-    let ranges = text(
-        &mut conn,
-        &format!(
-            "SELECT string_agg(DISTINCT shardminvalue, ',') FROM pg_dist_shard
-             WHERE shardid IN ({}) AND shardminvalue IS NOT NULL",
-            ids.join(",")
-        ),
-    )
-    .await
-    .unwrap_or_default();
+    let ranges = crate::distributed_enqueue::shard_ranges(&mut conn, &commands).await;
     let own = text(
         &mut conn,
         "SELECT shardminvalue FROM pg_dist_shard

@@ -257,20 +257,7 @@ async fn a_single_enqueue_runs_each_statement_on_its_groups_shard() {
             "{g}: {} remote commands for three enqueues: {commands:?}",
             commands.len()
         );
-        let ids: Vec<String> = commands
-            .iter()
-            .flat_map(|(_, ids)| ids.iter().map(|i| i.to_string()))
-            .collect();
-        let ranges = text(
-            &mut conn,
-            &format!(
-                "SELECT string_agg(DISTINCT shardminvalue, ',') FROM pg_dist_shard
-                 WHERE shardid IN ({}) AND shardminvalue IS NOT NULL",
-                ids.join(",")
-            ),
-        )
-        .await
-        .unwrap_or_default();
+        let ranges = shard_ranges(&mut conn, &commands).await;
         assert!(
             !ranges.is_empty() && !ranges.contains(','),
             "{g}'s enqueues touched several shards ({ranges}): {commands:?}"
@@ -287,6 +274,28 @@ async fn a_single_enqueue_runs_each_statement_on_its_groups_shard() {
         .await;
         assert_eq!(holds, 1, "{g}'s shard is not that of its part");
     }
+}
+
+/// The hash ranges (their lower ends, joined with ",") of the shards that
+/// `commands` (from [`remote_commands`]) name.
+pub(crate) async fn shard_ranges(
+    conn: &mut AsyncPgConnection,
+    commands: &[(String, Vec<i64>)],
+) -> String {
+    let ids: Vec<String> = commands
+        .iter()
+        .flat_map(|(_, ids)| ids.iter().map(i64::to_string))
+        .collect();
+    text(
+        conn,
+        &format!(
+            "SELECT string_agg(DISTINCT shardminvalue, ',') FROM pg_dist_shard
+             WHERE shardid IN ({}) AND shardminvalue IS NOT NULL",
+            ids.join(",")
+        ),
+    )
+    .await
+    .unwrap_or_default()
 }
 
 /// The remote commands that sessions named `app` logged: each command's

@@ -297,8 +297,8 @@ pub async fn start(pool: Pool, config: RunnerConfig) -> Result<RunnerHandle> {
         };
         tracker.spawn(gauges.run(service.clone()));
     }
-    // (Not on the distributed layout, whose sweep statements are not
-    // ported.)
+    // (The dependencies' sweep: not on the distributed layout, where
+    // dependencies refuse.)
     if !distributed {
         tracker.spawn(
             maintenance::Sweep {
