@@ -43,7 +43,7 @@ async fn limits_and_hold(layout: Layout) {
             group: "wide".into(),
             seq,
             fail_first: false,
-            hold_ms: 40,
+            hold_ms: 100,
         };
         NewJob::new(&job, EnqueueOptions::group("wide")).expect("new job")
     });

@@ -517,8 +517,9 @@ AS $$
 DECLARE
     v_key   text := coalesce(p_group, '');
     v_found boolean;
-    -- (Distributed: Citus takes only immutable functions in the upsert's
-    -- DO UPDATE of a reference table.)
+    -- (Distributed: the time as a value, as Citus requires in the upsert's
+    -- DO UPDATE of a reference or distributed table; this one is a table
+    -- of the coordinator, where it costs nothing either way.)
     /*@dist v_now timestamptz := now(); */
 BEGIN
     /*@dist
