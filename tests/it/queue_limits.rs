@@ -176,9 +176,13 @@ async fn queue_and_group_concurrency_compose() {
     admin::set_group_limits(&mut conn, "qlim", "wide", GroupLimits::new().concurrency(2))
         .await
         .unwrap();
-    let runner = db.start_runner(test_config().concurrency(8)).await;
+    // (Every job queued before the runner starts, so that the other
+    // groups' jobs are there while the wide group runs: a CI run, with
+    // them enqueued behind a runner already draining it, never saw the
+    // queue at three.)
     let mut ids = enqueue(&db, &["wide"], 12, 40).await;
     ids.extend(enqueue(&db, &["x", "y"], 6, 40).await);
+    let runner = db.start_runner(test_config().concurrency(8)).await;
     db.wait_jobs_in(&ids, "succeeded", LIMIT).await;
     runner.shutdown().await.unwrap();
 
