@@ -517,10 +517,6 @@ AS $$
 DECLARE
     v_key   text := coalesce(p_group, '');
     v_found boolean;
-    -- (Distributed: the time as a value, as Citus requires in the upsert's
-    -- DO UPDATE of a reference or distributed table; this one is a table
-    -- of the coordinator, where it costs nothing either way.)
-    /*@dist v_now timestamptz := now(); */
 BEGIN
     /*@dist
     IF p_weight > 1 THEN
@@ -539,7 +535,7 @@ BEGIN
         ON CONFLICT (queue, group_id) DO UPDATE
         SET rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms,
             burst = excluded.burst, concurrency = excluded.concurrency,
-            weight = excluded.weight, updated_at = /*@plain*/ now() /*@end*/ /*@dist v_now */;
+            weight = excluded.weight, updated_at = now();
     END IF;
     PERFORM pgfifo.apply_group_control(p_queue, p_group);
     RETURN coalesce(v_found, false);
@@ -572,7 +568,6 @@ DECLARE
     v_rate boolean := 'rate' = ANY (p_change);
     v_row  pgfifo.group_control;
     v_bad  text;
-    /*@dist v_now timestamptz := now(); */
 BEGIN
     /*@dist
     IF 'weight' = ANY (p_change) AND p_weight > 1 THEN
@@ -601,7 +596,7 @@ BEGIN
         concurrency = CASE WHEN 'concurrency' = ANY (p_change) THEN excluded.concurrency
                            ELSE c.concurrency END,
         weight = CASE WHEN 'weight' = ANY (p_change) THEN excluded.weight ELSE c.weight END,
-        updated_at = /*@plain*/ now() /*@end*/ /*@dist v_now */
+        updated_at = now()
     RETURNING c.* INTO v_row;
     IF num_nulls(v_row.rate_count, v_row.burst, v_row.concurrency, v_row.weight) = 4 THEN
         DELETE FROM pgfifo.group_control AS c WHERE c.queue = p_queue AND c.group_id = v_key;
